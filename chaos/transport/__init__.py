@@ -1,0 +1,1 @@
+"""How the harness reaches a host or pod: local, ssh, k8s, ray."""

@@ -1,0 +1,51 @@
+"""The transport interface every fault uses to reach a host."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self) -> "CommandResult":
+        """Raise TransportError naming host, command, exit code and stderr unless it succeeded."""
+        from chaos.errors import TransportError
+
+        if self.exit_code != 0:
+            raise TransportError(
+                f"{self.host}: `{self.command}` exited {self.exit_code}: {self.stderr.strip() or self.stdout.strip() or '(no output)'}"
+            )
+        return self
+
+
+class Transport(Protocol):
+    """A way to run commands on one host.
+
+    ``run`` waits for the command (bounded by ``timeout``); ``launch`` starts a command
+    and returns without waiting for it (a reboot drops the connection, which is the
+    expected outcome and not an error).
+    """
+
+    host: str
+
+    def run(self, command: str | Sequence[str], timeout: float = 30.0) -> CommandResult: ...
+
+    def launch(self, command: str | Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def as_shell(command: str | Sequence[str]) -> str:
+    return command if isinstance(command, str) else shlex.join(command)

@@ -1,0 +1,30 @@
+"""The local transport: commands on the machine the harness runs on."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Sequence
+
+from chaos.errors import TransportError
+from chaos.transport.base import CommandResult, as_shell
+
+
+class LocalTransport:
+    def __init__(self, host: str = "localhost"):
+        self.host = host
+
+    def run(self, command: str | Sequence[str], timeout: float = 30.0) -> CommandResult:
+        cmd = as_shell(command)
+        try:
+            p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise TransportError(f"{self.host}: `{cmd}` did not finish within {timeout:.0f}s") from e
+        return CommandResult(self.host, cmd, p.returncode, p.stdout, p.stderr)
+
+    def launch(self, command: str | Sequence[str]) -> None:
+        # Detached on purpose (own session, no pipes): the caller does not wait for it.
+        subprocess.Popen(["bash", "-c", as_shell(command)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def close(self) -> None:
+        pass
