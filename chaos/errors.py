@@ -32,8 +32,12 @@ class WorkloadError(ChaosError):
     """The run under test failed in a way that is not a verdict (e.g. before training)."""
 
 
-class VerificationError(ChaosError):
-    """A verdict failed; carries the verdicts so reports can show the evidence."""
+class VerificationError(ChaosError, AssertionError):
+    """A verdict failed; carries the verdicts so reports can show the evidence.
+
+    An AssertionError on purpose: a failed verdict is a finding about the cluster
+    (a failed test), not a broken harness.
+    """
 
     def __init__(self, message, verdicts=()):
         super().__init__(message)

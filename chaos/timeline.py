@@ -53,7 +53,8 @@ class Event:
         return cls(t=float(d["t"]), source=d["source"], kind=d["kind"], data=dict(d.get("data", {})))
 
     def describe(self) -> str:
-        keys = ("attempt", "step", "checkpoint", "node_id", "decision", "budget_class", "state", "fault")
+        keys = ("attempt", "step", "checkpoint", "node_id", "decision", "budget_class", "count", "limit",
+                "state", "status", "prev", "cur", "fault")
         parts = [f"{k}={self.data[k]}" for k in keys if self.data.get(k) is not None]
         return f"{self.source}.{self.kind}({', '.join(parts)})"
 

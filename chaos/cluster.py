@@ -1,0 +1,149 @@
+"""The live Ray cluster, seen through Ray's own public APIs.
+
+Node states come from the state API over the dashboard (``ray.util.state``): it carries
+the GCS's own ``end_time_ms`` for a dead node, so "time to detect" is measured with the
+GCS's timestamp, not with when we happened to look.  A watcher thread turns node state
+changes into ``node_dead`` / ``node_alive`` timeline events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable
+
+from chaos.errors import ClusterError
+from chaos.timeline import Timeline
+from chaos.waits import poll_until
+
+log = logging.getLogger(__name__)
+
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    node_id: str
+    ip: str
+    alive: bool
+    is_head: bool
+    start_time: float | None  # unix seconds, from the GCS
+    end_time: float | None
+    death_reason: str | None
+    resources: dict
+
+    def short(self) -> str:
+        return f"{self.node_id[:8]}@{self.ip}"
+
+
+class ClusterView:
+    def __init__(self, dashboard_url: str, gcs_address: str, driver_ip: str | None = None):
+        self.dashboard_url = dashboard_url
+        self.gcs_address = gcs_address
+        self.driver_ip = driver_ip
+        self._watch_stop = threading.Event()
+        self._watchers: list[threading.Thread] = []
+
+    # -- node table --------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        from ray.util.state import list_nodes
+
+        try:
+            states = list_nodes(address=self.dashboard_url, detail=True, limit=10_000, raise_on_missing_output=False)
+        except Exception as e:  # the state API raises several types; all mean "unreachable"
+            raise ClusterError(f"could not list nodes from the Ray dashboard at {self.dashboard_url}: {e}") from e
+        out = []
+        for s in states:
+            out.append(
+                Node(
+                    node_id=s.node_id,
+                    ip=s.node_ip,
+                    alive=s.state == "ALIVE",
+                    is_head=bool(s.is_head_node),
+                    start_time=(s.start_time_ms or 0) / 1000 or None,
+                    end_time=(s.end_time_ms or 0) / 1000 or None,
+                    death_reason=s.state_message,
+                    resources=dict(s.resources_total or {}),
+                )
+            )
+        return out
+
+    def node(self, node_id: str) -> Node | None:
+        return next((n for n in self.nodes() if n.node_id == node_id), None)
+
+    def raylet_endpoint(self, node_id: str) -> tuple[str, int]:
+        """(address, node manager port) of a node's raylet, from Ray's node table."""
+        import ray
+
+        for n in ray.nodes():
+            if n["NodeID"] == node_id:
+                return n["NodeManagerAddress"], int(n["NodeManagerPort"])
+        raise ClusterError(f"node {node_id[:8]} is not in Ray's node table")
+
+    def alive_workers(self) -> list[Node]:
+        return [n for n in self.nodes() if n.alive and not n.is_head]
+
+    def table(self) -> list[dict]:
+        """Node table for reports."""
+        return [
+            {"node_id": n.node_id, "ip": n.ip, "alive": n.alive, "head": n.is_head, "death_reason": n.death_reason}
+            for n in sorted(self.nodes(), key=lambda n: (not n.is_head, n.ip, n.start_time or 0))
+        ]
+
+    # -- waits -------------------------------------------------------------------
+    def wait_until(self, predicate: Callable[[list[Node]], object], timeout: float, what: str) -> object:
+        def check():
+            try:
+                nodes = self.nodes()
+            except ClusterError as e:
+                return None, str(e)
+            seen = ", ".join(f"{n.short()}:{'ALIVE' if n.alive else 'DEAD'}" for n in nodes) or "no nodes"
+            return predicate(nodes), seen
+
+        return poll_until(check, timeout, what)
+
+    def wait_node_dead(self, node_id: str, timeout: float) -> Node:
+        return self.wait_until(
+            lambda ns: next((n for n in ns if n.node_id == node_id and not n.alive), None),
+            timeout, f"node {node_id[:8]} to be marked DEAD",
+        )
+
+    def wait_alive_workers(self, count: int, timeout: float) -> list[Node]:
+        return self.wait_until(
+            lambda ns: (lambda alive: alive if len(alive) >= count else None)([n for n in ns if n.alive and not n.is_head]),
+            timeout, f"{count} alive worker nodes",
+        )
+
+    # -- watcher -----------------------------------------------------------------
+    def watch(self, timeline: Timeline, interval: float = 0.25) -> None:
+        """Emit node_dead / node_alive events into ``timeline`` until ``stop_watching``."""
+        known = {n.node_id: n.alive for n in self.nodes()}
+
+        def loop():
+            while not self._watch_stop.wait(interval):
+                try:
+                    nodes = self.nodes()
+                except ClusterError as e:
+                    log.debug("node watcher: %s", e)
+                    continue
+                for n in nodes:
+                    was = known.get(n.node_id)
+                    if was is None and n.alive:
+                        timeline.emit("cluster", "node_alive", t=n.start_time or time.time(), node_id=n.node_id, node_ip=n.ip)
+                    elif was and not n.alive:
+                        timeline.emit("cluster", "node_dead", t=n.end_time or time.time(), node_id=n.node_id,
+                                      node_ip=n.ip, death_reason=n.death_reason)
+                    known[n.node_id] = n.alive
+
+        thread = threading.Thread(target=loop, name="node-watcher", daemon=True)
+        thread.start()
+        self._watchers.append(thread)
+
+    def stop_watching(self) -> None:
+        self._watch_stop.set()
+        for t in self._watchers:
+            t.join(timeout=5)
+        self._watchers.clear()
+        self._watch_stop = threading.Event()

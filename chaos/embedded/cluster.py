@@ -1,0 +1,411 @@
+"""The embedded cluster: a real Ray head and real Ray worker nodes on this machine.
+
+Plain mode (no root needed): every node is a ``ray start --block`` process tree on its
+own loopback address — head 127.0.1.1, workers 127.0.1.2 and up.  127.0.0.1 is never
+used: Ray silently rewrites it to the machine's network address.
+
+Every node runs in its own session, so stopping a node means signalling exactly the
+PIDs of that session.  A supervisor thread watches each worker's raylet; with automatic
+node recovery on (the SageMaker HyperPod behaviour) a worker whose raylet died is
+started again after ``recovery_delay_s`` and joins as a new Ray node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from chaos.errors import ClusterError, WaitTimeout
+from chaos.procs import TrackedProcess
+
+log = logging.getLogger(__name__)
+
+HEAD_IP = "127.0.1.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthChecks:
+    """GCS node health-check settings, tuned so a dead node is declared in ~2-3 s."""
+
+    period_ms: int = 500
+    timeout_ms: int = 1000
+    failure_threshold: int = 3
+    initial_delay_ms: int = 1000
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RAY_health_check_period_ms": str(self.period_ms),
+            "RAY_health_check_timeout_ms": str(self.timeout_ms),
+            "RAY_health_check_failure_threshold": str(self.failure_threshold),
+            "RAY_health_check_initial_delay_ms": str(self.initial_delay_ms),
+        }
+
+
+@dataclasses.dataclass
+class EmbeddedConfig:
+    workers: int = 3
+    cpus_per_worker: int = 1
+    node_recovery: bool = True  # "automatic node recovery", as HyperPod does
+    recovery_delay_s: float = 2.0
+    base_dir: Path = Path("reports/embedded")
+    start_timeout_s: float = 180.0
+    object_store_mb: int = 150
+    health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"embedded cluster needs at least 1 worker node, got workers={self.workers}")
+        if self.workers > 250:
+            raise ValueError(f"workers={self.workers}: at most 250 loopback worker addresses (127.0.1.2-127.0.1.251)")
+        if self.cpus_per_worker < 1:
+            raise ValueError(f"cpus_per_worker must be >= 1, got {self.cpus_per_worker}")
+        if self.recovery_delay_s < 0:
+            raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
+
+
+_PORTS_HANDED_OUT: set[int] = set()
+_PORT_RANGE = range(61000, 65000)  # above the ephemeral range (32768-60999) and Ray's worker ports (10002-19999)
+
+
+def free_port(ip: str = "0.0.0.0") -> int:
+    """A port free on every interface, never handed out twice by this process.
+
+    Ray's gRPC servers bind the wildcard address, so the check must too; ports come
+    from above the kernel's ephemeral range so outgoing connections cannot take them.
+    """
+    for port in _PORT_RANGE:
+        if port in _PORTS_HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _PORTS_HANDED_OUT.add(port)
+        return port
+    raise ClusterError(f"no free TCP port left in {_PORT_RANGE.start}-{_PORT_RANGE.stop - 1}")
+
+
+def _ray_bin() -> str:
+    path = Path(sys.executable).with_name("ray")
+    if not path.exists():
+        found = shutil.which("ray")
+        if not found:
+            raise ClusterError("the `ray` command was not found next to this Python or on PATH; install ray[default]")
+        return found
+    return str(path)
+
+
+def _node_ports_args(ip: str) -> list[str]:
+    """Explicit free ports: several nodes on one machine must not share Ray's defaults."""
+    return [
+        f"--node-manager-port={free_port(ip)}",
+        f"--object-manager-port={free_port(ip)}",
+        f"--metrics-export-port={free_port(ip)}",
+        f"--dashboard-agent-listen-port={free_port(ip)}",
+        f"--dashboard-agent-grpc-port={free_port(ip)}",
+        f"--runtime-env-agent-port={free_port(ip)}",
+    ]
+
+
+def raylet_of(proc: TrackedProcess) -> tuple[int, str] | None:
+    """(pid, node id) of the raylet in a node's process tree, matched by its binary path."""
+    for pid in proc.members():
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[0].endswith("/raylet/raylet"):
+            for arg in cmd:
+                if arg.startswith("--node_id="):
+                    return pid, arg.split("=", 1)[1]
+    return None
+
+
+@dataclasses.dataclass
+class WorkerHost:
+    """One embedded worker machine: an address, and the Ray node currently on it."""
+
+    name: str
+    ip: str
+    process: TrackedProcess | None = None
+    raylet_pid: int | None = None
+    node_id: str | None = None
+    boots: int = 0
+    down_since: float | None = None
+    last_log: Path | None = None
+    history: list[str] = dataclasses.field(default_factory=list)  # node ids, oldest first
+
+
+class EmbeddedCluster:
+    def __init__(self, config: EmbeddedConfig | None = None):
+        self.config = config or EmbeddedConfig()
+        self.base_dir = Path(self.config.base_dir).resolve()
+        self.head: TrackedProcess | None = None
+        self.gcs_port = 0
+        self.dashboard_port = 0
+        self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"127.0.1.{i + 2}") for i in range(self.config.workers)]
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        # Short on purpose: Ray puts unix sockets under it (108-byte path limit).
+        self.temp_dir = Path(f"/tmp/rc-{os.getpid()}")
+
+    # -- addresses ---------------------------------------------------------------
+    @property
+    def gcs_address(self) -> str:
+        return f"{HEAD_IP}:{self.gcs_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{HEAD_IP}:{self.dashboard_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base_dir / "logs"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.config.health.env())
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Ray must only ever talk on loopback; keep proxies out of the picture.
+        for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+            env.pop(k, None)
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.0/8,localhost"
+        return env
+
+    # -- lifecycle ---------------------------------------------------------------
+    def up(self) -> "EmbeddedCluster":
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_head()
+            for host in self.hosts:
+                self._boot(host)
+            self.wait_workers_alive(self.config.start_timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        self._supervisor = threading.Thread(target=self._supervise, name="embedded-supervisor", daemon=True)
+        self._supervisor.start()
+        return self
+
+    def _start_head(self) -> None:
+        self.gcs_port = free_port(HEAD_IP)
+        self.dashboard_port = free_port(HEAD_IP)
+        argv = [
+            _ray_bin(), "start", "--head", "--block",
+            f"--node-ip-address={HEAD_IP}", f"--port={self.gcs_port}",
+            "--num-cpus=0", "--num-gpus=0",
+            "--include-dashboard=true", f"--dashboard-host={HEAD_IP}", f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={free_port(HEAD_IP)}",
+            f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
+            f"--temp-dir={self.temp_dir / 'head'}",
+            *_node_ports_args(HEAD_IP),
+        ]
+        self.head = TrackedProcess(argv, self.log_dir / "head.log", env=self._env(), name="ray-head")
+        deadline = time.monotonic() + self.config.start_timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if not self.head.alive():
+                raise ClusterError(
+                    f"the Ray head exited with code {self.head.popen.returncode} during start-up; see {self.head.log_path}:\n"
+                    + _tail_file(self.head.log_path)
+                )
+            try:
+                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError as e:
+                last = str(e)
+            self._stop.wait(0.5)
+        raise ClusterError(
+            f"the Ray head's dashboard at {self.dashboard_url} did not answer within {self.config.start_timeout_s:.0f}s "
+            f"(last: {last}); see {self.head.log_path}"
+        )
+
+    def _boot(self, host: WorkerHost) -> None:
+        argv = [
+            _ray_bin(), "start", "--block", f"--address={self.gcs_address}",
+            f"--node-ip-address={host.ip}", f"--num-cpus={self.config.cpus_per_worker}", "--num-gpus=0",
+            f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
+            f"--resources={json.dumps({'chaos_' + host.name.replace('-', '_'): 1})}",
+            # Own temp dir per node: concurrent starts otherwise race for socket names.
+            f"--temp-dir={self.temp_dir / host.name}",
+            *_node_ports_args(host.ip),
+        ]
+        host.boots += 1
+        proc = TrackedProcess(argv, self.log_dir / f"{host.name}.boot{host.boots}.log", env=self._env(), name=host.name)
+        with self._cond:
+            host.process = proc
+            host.last_log = proc.log_path
+            host.raylet_pid = None
+            host.node_id = None
+        log.info("booting %s at %s (boot %d)", host.name, host.ip, host.boots)
+
+    def down(self) -> None:
+        """Stop every node by PID; idempotent."""
+        self._stop.set()
+        if self._supervisor and self._supervisor.is_alive() and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=10)
+        errors = []
+        for host in self.hosts:
+            if host.process is not None:
+                try:
+                    host.process.stop()
+                except RuntimeError as e:
+                    errors.append(str(e))
+        if self.head is not None:
+            try:
+                self.head.stop()
+            except RuntimeError as e:
+                errors.append(str(e))
+        self._keep_ray_logs()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if errors:
+            raise ClusterError("embedded cluster teardown left processes behind: " + "; ".join(errors))
+
+    def _keep_ray_logs(self) -> None:
+        """Copy each node's Ray session logs under base_dir before the temp dir goes."""
+        for node_dir in sorted(self.temp_dir.glob("*")):
+            logs = node_dir / "session_latest" / "logs"
+            if logs.is_dir():
+                dest = self.log_dir / "ray" / node_dir.name
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(logs, dest, ignore=shutil.ignore_patterns("*.sock", "events", "export_events"),
+                                dirs_exist_ok=True)
+
+    # -- supervision -------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.2):
+            for host in self.hosts:
+                self._check(host)
+
+    def _check(self, host: WorkerHost) -> None:
+        proc = host.process
+        now = time.monotonic()
+        if proc is not None and host.raylet_pid is None:
+            found = raylet_of(proc)
+            if found:
+                with self._cond:
+                    host.raylet_pid, host.node_id = found
+                    host.history.append(host.node_id)
+                    host.down_since = None
+                    self._cond.notify_all()
+            elif not proc.alive():
+                self._mark_down(host, now)
+            return
+        if proc is not None and (not psutil.pid_exists(host.raylet_pid) or _is_zombie(host.raylet_pid)):
+            log.warning("%s: raylet pid %s (node %s) is gone", host.name, host.raylet_pid, host.node_id)
+            self._mark_down(host, now)
+            return
+        if proc is None and self.config.node_recovery and host.down_since is not None:
+            if now - host.down_since >= self.config.recovery_delay_s:
+                self._boot(host)
+
+    def _mark_down(self, host: WorkerHost, now: float) -> None:
+        proc = host.process
+        if proc is not None:
+            proc.stop()  # the rest of the dead node's processes (agents, log monitor)
+        with self._cond:
+            host.process = None
+            host.raylet_pid = None
+            host.down_since = now
+            self._cond.notify_all()
+
+    # -- queries and waits -------------------------------------------------------
+    def host_of(self, node_id: str) -> WorkerHost | None:
+        for host in self.hosts:
+            if node_id in host.history:
+                return host
+        return None
+
+    def wait_workers_alive(self, timeout: float) -> None:
+        """Wait until every worker host has a live raylet registered with the GCS."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for host in self.hosts:
+                if self._supervisor is None:  # start-up: a node that dies now is a start-up failure
+                    self._check(host)
+                    if host.down_since is not None:
+                        raise ClusterError(
+                            f"{host.name} ({host.ip}) died during start-up; see {host.last_log} and the raylet logs "
+                            f"under {self.temp_dir / host.name}:\n" + _tail_file(host.last_log)
+                        )
+            alive_ids = {n["node_id"] for n in self.gcs_nodes() if n["alive"]}
+            missing = [h.name for h in self.hosts if h.node_id is None or h.node_id not in alive_ids]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(h.process.log_path) for h in self.hosts if h.process and h.name in missing)
+                raise ClusterError(
+                    f"worker nodes {missing} did not register with the Ray head within {timeout:.0f}s; logs: {logs or 'none'}"
+                )
+            self._stop.wait(0.3)
+
+    def gcs_nodes(self) -> list[dict]:
+        """Node table straight from the dashboard (no driver connection needed)."""
+        try:
+            with urllib.request.urlopen(f"{self.dashboard_url}/nodes?view=summary", timeout=5) as r:
+                payload = json.load(r)
+        except OSError:
+            return []
+        out = []
+        for n in payload.get("data", {}).get("summary", []):
+            raylet = n.get("raylet", {})
+            out.append({"node_id": raylet.get("nodeId"), "ip": n.get("ip") or raylet.get("nodeManagerAddress"),
+                        "alive": raylet.get("state") == "ALIVE"})
+        return out
+
+    def wait_host_rejoined(self, host: WorkerHost, old_node_id: str, timeout: float) -> str:
+        """Wait until ``host`` runs a new Ray node (a different node id) again."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: host.node_id is not None and host.node_id != old_node_id, timeout)
+            if not ok:
+                raise WaitTimeout(
+                    f"timed out after {timeout:.0f}s waiting for {host.name} ({host.ip}) to rejoin with a new node id; "
+                    f"it is {'down' if host.process is None else 'booting'} (node recovery "
+                    f"{'on' if self.config.node_recovery else 'off'}), node history {host.history}"
+                )
+            return host.node_id
+
+    def status(self) -> dict:
+        return {
+            "gcs_address": self.gcs_address,
+            "dashboard_url": self.dashboard_url,
+            "head_pid": self.head.pid if self.head else None,
+            "node_recovery": self.config.node_recovery,
+            "recovery_delay_s": self.config.recovery_delay_s,
+            "health_checks": dataclasses.asdict(self.config.health),
+            "hosts": [
+                {"name": h.name, "ip": h.ip, "pid": h.process.pid if h.process else None,
+                 "raylet_pid": h.raylet_pid, "node_id": h.node_id, "boots": h.boots, "history": h.history}
+                for h in self.hosts
+            ],
+        }
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _tail_file(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(log unreadable)"

@@ -1,0 +1,254 @@
+"""One chaos experiment, end to end: steady state → trigger → inject → detect → recover
+→ finish → verify → heal, every wait event-driven with a deadline.
+
+Suites describe *what* (workload, faults with their triggers, expectations); this module
+does the *how* and always cleans up: faults are reverted and the run is stopped on every
+exit path, and artefacts are attached even when a step fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+from chaos import plot, summary
+from chaos.cluster import ClusterView
+from chaos.errors import InjectionError, WaitTimeout
+from chaos.faults.base import Fault, FaultContext, Target
+from chaos.ledger import Ledger
+from chaos.report import Reporter
+from chaos.timeline import Timeline, recovery_metrics
+from chaos.train.run import Run, RunSpec
+from chaos.waits import poll_until
+from chaos.verify import Expectation, Verdict, check, healed, verdicts_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Timeouts:
+    start_s: float = 300.0  # submission → first report (torch import on a busy 2-core box)
+    trigger_s: float = 300.0
+    detect_s: float = 60.0
+    recover_s: float = 300.0
+    finish_s: float = 600.0
+    heal_s: float = 180.0
+
+
+@dataclasses.dataclass
+class Environment:
+    """What the pytest plugin hands an experiment: the cluster and where things go."""
+
+    cluster: ClusterView
+    head_node_id: str
+    ledger: Ledger
+    out_dir: Path
+    backend: str
+    transport_for: Callable
+    host_name_for: Callable = lambda ip: None
+    healthy_workers: Callable[[], tuple[bool, str]] = lambda: (True, "no node health check for this backend")
+    wait_healed: Callable[[float], None] = lambda timeout: None
+    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    dry_run: bool = False
+
+
+@dataclasses.dataclass
+class Outcome:
+    name: str
+    timeline: Timeline
+    verdicts: list[Verdict]
+    targets: list[Target]
+    run: Run
+
+    def verdict(self, prefix: str) -> Verdict:
+        return next(v for v in self.verdicts if v.name.startswith(prefix))
+
+    def assert_verdicts(self) -> None:
+        """Fail the test with every failed verdict's message (diagnosis first)."""
+        check(self.verdicts)
+
+
+class Experiment:
+    def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault]], expect: Expectation,
+                 test_id: str, reporter: Reporter | None = None):
+        self.env = env
+        self.spec = spec
+        self.faults = faults
+        self.expect = expect
+        self.test_id = test_id
+        self.reporter = reporter or Reporter()
+        self.timeline = Timeline()
+        self.slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id.split("::")[-1])[:80]
+        self.dir = Path(env.out_dir) / "runs" / f"{self.slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self._armed: list[tuple[Fault, Target, str]] = []
+
+    def run(self) -> Outcome:
+        env, r = self.env, self.reporter
+        self.dir.mkdir(parents=True, exist_ok=True)
+        kinds = sorted({f.kind for _, f in self.faults})
+        r.labels(",".join(kinds), env.backend, self.slug)
+        for k, v in self.spec.params.items():
+            r.parameter(k, v)
+        ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, transport_for=env.transport_for,
+                           host_name_for=env.host_name_for)
+        run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir)
+        targets: list[Target] = []
+        nodes_before = env.cluster.table()
+        env.cluster.watch(self.timeline)
+        verdicts: list[Verdict] = []
+        self.verdicts = verdicts
+        try:
+            with r.step("steady state: cluster healthy, run submitted, training started"):
+                ok, detail = env.healthy_workers()
+                if not ok:
+                    raise WaitTimeout(f"cluster not healthy before the experiment: {detail}")
+                run.submit()
+                first = run.wait_training_started(env.timeouts.start_s)
+                r.say(f"run {run.job_id}: first report step={first.data.get('step')} attempt={first.attempt}")
+            for i, (trigger, fault) in enumerate(self.faults, 1):
+                r.parameter(f"fault {i}", fault.describe())
+                r.parameter(f"trigger {i}", trigger.describe())
+                with r.step(f"fault {i}: wait until {trigger.describe()}"):
+                    fired = trigger.wait(self.timeline, env.timeouts.trigger_s)
+                    r.say(f"trigger fired on {fired.describe()}")
+                with r.step(f"fault {i}: inject {fault.describe()}"):
+                    target = self._inject(ctx, fault)
+                    targets.append(target)
+                    r.parameter(f"target {i}", target.describe())
+                if env.dry_run:
+                    continue
+                with r.step(f"fault {i}: detect (Ray marks node {target.node_id[:8]} DEAD)"):
+                    self._detect(fault, target)
+                with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
+                    self._recover()
+                self._revert_all(ctx)
+            with r.step("finish: the run ends by itself"):
+                run.wait_finished(env.timeouts.finish_s)
+            with r.step("verify: verdicts from the timeline"):
+                verdicts.extend(verdicts_for(self.timeline, self.expect))
+                for v in verdicts:
+                    r.say(v.line())
+        finally:
+            self._revert_all(ctx)
+            run.stop()
+            env.cluster.stop_watching()
+            heal_verdict = self._heal()
+            verdicts.append(heal_verdict)
+            r.say(heal_verdict.line())
+            self._attach(run, nodes_before, verdicts)
+        return Outcome(self.slug, self.timeline, verdicts, targets, run)
+
+    # -- phases ------------------------------------------------------------------
+    def _inject(self, ctx: FaultContext, fault: Fault) -> Target:
+        target = fault.resolve(ctx)
+        if self.env.dry_run:
+            self.reporter.say(f"DRY RUN: would inject {fault.describe()} into {target.describe()}")
+            return target
+        entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(target), test=self.test_id)
+        self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(), ledger_id=entry,
+                           description=fault.describe())
+        try:
+            details = fault.inject(ctx, target)
+        except Exception as e:
+            self.env.ledger.mark(entry, "failed", error=str(e))
+            raise InjectionError(f"injection failed: {fault.describe()} into {target.describe()}: {e}") from e
+        self.env.ledger.mark(entry, "injected", **details)
+        self._armed.append((fault, target, entry))
+        self.reporter.say(f"injected {fault.describe()} into {target.describe()}: {details}")
+        return target
+
+    def _detect(self, fault: Fault, target: Target) -> None:
+        if not fault.kills_node:
+            return
+        dead = self.timeline.wait_for(
+            lambda ev: next((e for e in ev if e.kind == "node_dead" and e.data.get("node_id") == target.node_id), None),
+            self.env.timeouts.detect_s, f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD")
+        self.reporter.say(f"node {target.node_id[:8]} DEAD ({dead.data.get('death_reason')})")
+
+    def _recover(self) -> None:
+        fault_t = self.timeline.of("fault_injected")[-1].t
+
+        def recovered(events):
+            for e in events:
+                if e.t < fault_t:
+                    continue
+                if e.kind == "run_finished" or e.kind == "job_finished":
+                    return e
+                if e.kind == "attempt_started":
+                    return next((x for x in events if x.kind == "report" and x.attempt == e.attempt), None)
+            return None
+
+        e = self.timeline.wait_for(recovered, self.env.timeouts.recover_s,
+                                   "the next attempt's first report (or the run's end)")
+        self.reporter.say(f"after the fault: {e.describe()}")
+
+    def _revert_all(self, ctx: FaultContext) -> None:
+        while self._armed:
+            fault, target, entry = self._armed.pop()
+            try:
+                did = fault.revert(ctx, target)
+                self.env.ledger.mark(entry, "reverted" if did else "nothing-to-revert")
+                self.timeline.emit("fault", "fault_reverted", fault=fault.kind, ledger_id=entry, reverted=did)
+            except Exception as e:
+                self.env.ledger.mark(entry, "failed", error=f"revert failed: {e}")
+                log.error("revert of %s (%s) failed: %s", fault.kind, entry, e)
+
+    def _heal(self) -> Verdict:
+        error = None
+        try:
+            self.env.wait_healed(self.env.timeouts.heal_s)
+        except Exception as e:
+            error = str(e)
+        nodes_ok, nodes_detail = self.env.healthy_workers()
+        if error and nodes_ok:
+            nodes_ok, nodes_detail = False, error
+        armed = [e for e in self.env.ledger.open_entries() if e.get("session") == self.env.ledger.session]
+        res_ok, res_detail = self._resources_free()
+        return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
+
+    def _resources_free(self) -> tuple[bool, str]:
+        """Once the job is gone, every CPU must be available again (no leaked actors)."""
+        import ray
+
+        def check():
+            total, avail = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
+            return (f"all {total:g} CPUs free" if avail >= total else None), f"{avail:g} of {total:g} CPUs free"
+
+        try:
+            return True, poll_until(check, 60, "every CPU to be free after the run", interval=0.5)
+        except WaitTimeout as e:
+            return False, f"leaked resources: {e}"
+
+    # -- artefacts ---------------------------------------------------------------
+    def _attach(self, run: Run, nodes_before: list[dict], verdicts: list[Verdict]) -> None:
+        r = self.reporter
+        try:
+            self.timeline.dump(self.dir / "timeline.json")
+            r.attach_file("timeline.json", self.dir / "timeline.json")
+            r.attach_json("ledger", self.env.ledger.lines())
+            r.attach_text("failure-policy lines", "\n".join(run.failure_policy_lines()) or "(no failure decision)")
+            r.attach_json("nodes before", nodes_before)
+            r.attach_json("nodes after", self.env.cluster.table())
+            r.attach_file("job log", run.log_path)
+            r.attach_json("verdicts", [v.to_json() for v in verdicts])
+            png = plot.render_timeline(self.timeline, self.dir / "timeline.png", title=self.slug)
+            r.attach_png("timeline", png)
+            started = self.timeline.first("controller_started")
+            metrics = summary.metrics_for(self.timeline, started.data.get("failure_config", {}) if started else {})
+            for key in ("time_to_detect", "time_to_recover", "steps_lost", "ettr"):
+                if metrics.get(key) is not None:
+                    r.parameter(key, round(metrics[key], 2) if isinstance(metrics[key], float) else metrics[key])
+            self.metrics = metrics
+        except Exception as e:  # artefacts must never hide the real outcome
+            log.exception("could not attach artefacts: %s", e)
+
+    def record(self, outcome: str) -> dict:
+        """The per-test record for reports/summary.json."""
+        return {"test": self.test_id, "fault_kind": ",".join(sorted({f.kind for _, f in self.faults})),
+                "backend": self.env.backend, "outcome": outcome,
+                "verdicts": [v.to_json() for v in getattr(self, "verdicts", [])], "metrics": getattr(self, "metrics", {}),
+                "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(self.timeline)]}

@@ -1,0 +1,1 @@
+"""Runs under test: submission, the recorder, the event sink, reference workloads."""

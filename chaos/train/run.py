@@ -1,0 +1,179 @@
+"""One Ray Train run under test, submitted as a Ray job through the Jobs API.
+
+The harness package travels in the job's runtime_env (``py_modules``) and the recorder
+is switched on through ``RAY_TRAIN_CALLBACKS``; the user's script is not touched.
+Job logs are streamed into a file as they arrive; the end of the stream is the
+``job_finished`` event, so nothing here polls on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shlex
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import ray
+
+import chaos
+from chaos.errors import WaitTimeout, WorkloadError
+from chaos.timeline import Event, Timeline
+from chaos.train.recorder import ENV_STEP_METRIC
+from chaos.train.sink import ENV_SINK, SinkPump, start_sink
+
+log = logging.getLogger(__name__)
+
+RECORDER = "chaos.train.recorder.Recorder"
+TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """What to run: an entrypoint, the directory shipped with it, and how to read it."""
+
+    entrypoint: str
+    name: str
+    working_dir: str | None = None
+    step_metric: str = "step"
+    env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
+    params: dict = dataclasses.field(default_factory=dict)  # for reports only
+    user_workload: bool = False
+
+
+def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_every: int = 5,
+                   step_time: float = 0.3, num_workers: int = 2, max_failures: int = 3,
+                   max_preemption_failures: int = -1, device: str = "cpu") -> RunSpec:
+    params = dict(steps=steps, checkpoint_every=checkpoint_every, step_time=step_time, num_workers=num_workers,
+                  max_failures=max_failures, max_preemption_failures=max_preemption_failures, device=device)
+    args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in params.items())
+    entry = (f"{shlex.quote(sys.executable)} -m chaos.train.workloads.reference {args} "
+             f"--storage-path {shlex.quote(storage_path)} --name {shlex.quote(name)}")
+    return RunSpec(entrypoint=entry, name=name, params={"workload": "reference", **params})
+
+
+def user_spec(command: str, name: str, step_metric: str = "step", working_dir: str | None = None) -> RunSpec:
+    """The user's own Ray Train script, shipped with its directory, unchanged."""
+    if not command.strip():
+        raise WorkloadError("--chaos-workload is empty; give the command that starts your training script")
+    return RunSpec(entrypoint=command, name=name, working_dir=working_dir or str(Path.cwd()),
+                   step_metric=step_metric, params={"workload": command}, user_workload=True)
+
+
+class Run:
+    def __init__(self, spec: RunSpec, dashboard_url: str, head_node_id: str, timeline: Timeline, log_dir: Path,
+                 extra_env: dict[str, str] | None = None):
+        self.spec = spec
+        self.dashboard_url = dashboard_url
+        self.head_node_id = head_node_id
+        self.timeline = timeline
+        self.job_id = f"chaos-{spec.name}-{uuid.uuid4().hex[:6]}"
+        self.log_path = Path(log_dir) / f"{self.job_id}.log"
+        self.extra_env = dict(extra_env or {})
+        self._sink = None
+        self._pump: SinkPump | None = None
+        self._tail: threading.Thread | None = None
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._client = JobSubmissionClient(self.dashboard_url)
+        return self._client
+
+    def runtime_env(self) -> dict:
+        env = {
+            "RAY_TRAIN_CALLBACKS": RECORDER,
+            ENV_SINK: f"sink-{self.job_id}",
+            ENV_STEP_METRIC: self.spec.step_metric,
+            # The controller's poll tick: reports reach callbacks on it, so keep it short.
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+        }
+        env.update(self.extra_env)
+        env.update(self.spec.env_vars)
+        renv: dict = {"py_modules": [str(Path(chaos.__file__).parent)], "env_vars": env}
+        if self.spec.working_dir:
+            renv["working_dir"] = self.spec.working_dir
+        return renv
+
+    def submit(self) -> "Run":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._sink = start_sink(f"sink-{self.job_id}", self.head_node_id)
+        ray.get(self._sink.poll.remote(0, 0.0), timeout=60)  # the sink is up before the job can push
+        self._pump = SinkPump(self._sink, self.timeline).start()
+        self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=self.job_id,
+                               runtime_env=self.runtime_env())
+        self.timeline.emit("harness", "job_submitted", job_id=self.job_id, entrypoint=self.spec.entrypoint)
+        self._tail = threading.Thread(target=self._follow_logs, name=f"logs-{self.job_id}", daemon=True)
+        self._tail.start()
+        return self
+
+    def _follow_logs(self) -> None:
+        async def follow():
+            with open(self.log_path, "a") as f:
+                async for chunk in self.client.tail_job_logs(self.job_id):
+                    f.write(chunk)
+                    f.flush()
+
+        try:
+            asyncio.run(follow())
+        except Exception as e:  # the stream broke; the status below still tells the truth
+            log.warning("log stream of %s ended with %s", self.job_id, e)
+        info = self.client.get_job_info(self.job_id)
+        self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=str(info.status.value),
+                           message=info.message)
+
+    # -- waits -------------------------------------------------------------------
+    def _finished_reason(self, events: list[Event]) -> str | None:
+        for e in events:
+            if e.kind == "job_finished":
+                return f"the job ended with status {e.data['status']}: {e.data.get('message')}"
+        return None
+
+    def wait_training_started(self, timeout: float) -> Event:
+        """Wait for the first report; a job that dies first is a WorkloadError with its log tail."""
+        try:
+            return self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "report"), None), timeout,
+                                          "the first training report", abort=self._finished_reason)
+        except WaitTimeout as e:
+            raise WorkloadError(
+                f"the workload did not start training: {e}\njob {self.job_id} log tail ({self.log_path}):\n{self.log_tail()}"
+            ) from e
+
+    def wait_finished(self, timeout: float) -> Event:
+        """Wait until the job has ended (the recorder's run_finished and the job status)."""
+        return self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
+                                      f"job {self.job_id} to finish")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log yet)"
+
+    def failure_policy_lines(self) -> list[str]:
+        return [e.data["line"] for e in self.timeline.of("failure_decision") if e.data.get("line")]
+
+    # -- cleanup -----------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the job if it still runs, collect the last events, remove the sink."""
+        try:
+            status = self.client.get_job_status(self.job_id)
+            if str(status.value) not in TERMINAL_JOB_STATES:
+                self.client.stop_job(self.job_id)
+        except Exception as e:
+            log.warning("could not stop job %s: %s", self.job_id, e)
+        if self._tail is not None:
+            self._tail.join(timeout=30)
+        if self._pump is not None:
+            self._pump.drain()
+        if self._sink is not None:
+            try:
+                ray.kill(self._sink)
+            except Exception as e:
+                log.warning("could not remove the event sink of %s: %s", self.job_id, e)

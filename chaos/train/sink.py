@@ -1,0 +1,93 @@
+"""The event channel from the recorder (inside the Train controller) to the harness.
+
+A small async actor, pinned to the head node so that no worker-node fault can take it
+down.  The recorder pushes events fire-and-forget; the harness long-polls them (a
+blocking ``poll`` that returns as soon as anything new arrives), so events reach the
+timeline without a sleep loop on either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import ray
+
+from chaos.timeline import Event, Timeline
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "ray-chaos"
+ENV_SINK = "RAY_CHAOS_SINK"  # actor name, set in the job's env_vars
+
+
+class EventSink:
+    def __init__(self):
+        self._events: list[dict] = []
+        self._changed = asyncio.Event()
+
+    async def push(self, event: dict) -> None:
+        self._events.append(event)
+        self._changed.set()
+
+    async def poll(self, cursor: int, timeout: float) -> list[dict]:
+        if len(self._events) <= cursor:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self._events[cursor:]
+
+
+def start_sink(name: str, head_node_id: str):
+    """Create the sink actor for one run on the head node; returns its handle."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return (
+        ray.remote(EventSink)
+        .options(name=name, namespace=NAMESPACE, num_cpus=0, max_concurrency=64,
+                 scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False))
+        .remote()
+    )
+
+
+class SinkPump:
+    """Harness-side thread: long-polls the sink and appends events to a timeline."""
+
+    def __init__(self, sink, timeline: Timeline):
+        self._sink = sink
+        self._timeline = timeline
+        self._cursor = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sink-pump", daemon=True)
+        self.error: Exception | None = None
+
+    def start(self) -> "SinkPump":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = ray.get(self._sink.poll.remote(self._cursor, 1.0), timeout=30)
+            except Exception as e:  # the sink is gone: record why and stop pumping
+                if not self._stop.is_set():
+                    self.error = e
+                    log.warning("event sink unreachable: %s", e)
+                return
+            for raw in batch:
+                self._timeline.add(Event.from_json(raw))
+            self._cursor += len(batch)
+
+    def drain(self) -> None:
+        """Pull whatever is still in the sink, then stop."""
+        self._stop.set()
+        self._thread.join(timeout=35)
+        try:
+            for raw in ray.get(self._sink.poll.remote(self._cursor, 0.0), timeout=30):
+                self._timeline.add(Event.from_json(raw))
+                self._cursor += 1
+        except Exception as e:
+            log.warning("could not drain the event sink: %s", e)

@@ -1,0 +1,1 @@
+"""Reference workloads the harness ships into runs (used when no --chaos-workload is given)."""

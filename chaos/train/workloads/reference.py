@@ -1,0 +1,105 @@
+"""The reference workload: a small deterministic DDP model under Ray Train V2.
+
+Written like a careful user's script: it resumes from ``ray.train.get_checkpoint()``,
+reports a ``step`` metric every step, and commits a checkpoint every
+``--checkpoint-every`` steps from rank 0.  Step s's checkpoint holds the state after
+step s, so a correct resume reports step s + 1 first.
+
+``--device stub-cuda`` makes every training step also go through the CUDA driver API
+(via chaos.shim.driver_client, the way libcudart does), so the CUDA fault shim can
+fail a step on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def train_loop(config: dict) -> None:
+    import torch
+
+    import ray.train
+    import ray.train.torch
+    from ray.train import Checkpoint
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    model = ray.train.torch.prepare_model(model)
+
+    driver = None
+    if config["device"] == "stub-cuda":
+        from chaos.shim.driver_client import DriverClient
+
+        driver = DriverClient()
+
+    for step in range(start + 1, config["steps"] + 1):
+        gen = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(64, 16, generator=gen)
+        y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if driver is not None:
+            driver.step()
+        time.sleep(config["step_time"])  # stands in for the rest of a real step's compute
+        metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time()}
+        if step % config["checkpoint_every"] == 0 and rank == 0:
+            with tempfile.TemporaryDirectory() as d:
+                inner = model.module if hasattr(model, "module") else model
+                torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(d, "state.pt"))
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--checkpoint-every", type=int, default=5)
+    p.add_argument("--step-time", type=float, default=0.3)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--max-preemption-failures", type=int, default=-1)
+    p.add_argument("--storage-path", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--device", choices=["cpu", "stub-cuda"], default="cpu")
+    args = p.parse_args(argv)
+
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
+                           "step_time": args.step_time, "device": args.device},
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=False),
+        run_config=RunConfig(
+            name=args.name,
+            storage_path=args.storage_path,
+            failure_config=FailureConfig(max_failures=args.max_failures,
+                                         max_preemption_failures=args.max_preemption_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=3),
+        ),
+    )
+    result = trainer.fit()
+    print(f"reference workload finished: last metrics {result.metrics}")
+
+
+if __name__ == "__main__":
+    main()
