@@ -1,0 +1,296 @@
+"""Turn reports/allure-results into the HTML chaos report, with trends across runs.
+
+Allure 3 (the npm package ``allure``, pinned in package.json, installed by ``npm ci``)
+does the rendering: no Java, nothing fetched at generation time.  This module adds what
+makes the report about chaos rather than about pytest:
+
+* categories: a failed verdict's diagnosis (e.g. "resumed from an older checkpoint")
+  becomes a category, so the Categories tab answers "what went wrong, how often";
+* executor.json: which CI build produced the report, from the CI's standard env vars;
+* environment.properties: the cluster and Ray settings the run used;
+* metrics: the per-fault-kind medians of reports/summary.json become Allure 3 metrics
+  (a ``-perf.json`` results file), so the report's Metrics section shows them;
+* history: Allure 3 appends one JSON line per generated report to ``history_file``
+  (its ``historyPath``), metrics included; keeping that one file between nightly runs is
+  what makes the trend charts (pass/fail and recovery times) grow.
+
+Allure 3 takes categories from its config file, Allure 2 from categories.json in the
+results; both are written from the same rules so either generator shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Mapping
+
+from chaos.errors import ChaosError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RESULTS = Path("reports/allure-results")
+DEFAULT_REPORT = Path("reports/allure-report")
+DEFAULT_HISTORY = Path("reports/history.jsonl")
+DEFAULT_SUMMARY = Path("reports/summary.json")
+GENERATE_TIMEOUT_S = 600
+MIN_NODE = (20, 19)  # allure 3.18 uses Array.prototype.toSorted; its dependencies ask for 20.19
+
+
+def _containing(*phrases: str) -> str:
+    """A message regex that matches anywhere in a multi-line message.
+
+    Allure 2 (Java) full-matches messageRegex while Allure 3 (JavaScript) searches, and
+    neither shares a syntax for inline flags; ``[\\s\\S]*`` around an alternation means
+    "contains" in both, and in Python's ``re`` too.
+    """
+    return "[\\s\\S]*(" + "|".join(phrases) + ")[\\s\\S]*"
+
+
+# Order matters: Allure puts a test in the first category that matches.  Diagnoses
+# match failed and broken tests alike (a fault that could not be injected usually
+# surfaces as an exception); whatever is broken and undiagnosed is a harness error.
+DIAGNOSES: dict[str, tuple[str, ...]] = {
+    "did not resume": ("restarted from scratch", "did not resume"),
+    "resumed from an older checkpoint": ("resumed from an older checkpoint",),
+    "retry budget exhausted": ("retry budget exhausted",),
+    "recovery too slow": ("recovery too slow",),
+    "injection failed": ("injection failed",),
+    "cleanup failed": ("cleanup failed",),
+}
+CATEGORIES: list[dict] = [
+    {"name": name, "messageRegex": _containing(*phrases), "matchedStatuses": ["failed", "broken"]}
+    for name, phrases in DIAGNOSES.items()
+]
+CATEGORIES.append({"name": "harness error", "matchedStatuses": ["broken"]})
+
+
+def executor_info(env: Mapping[str, str] | None = None) -> dict:
+    """Describe the build that ran the tests, for the report's header and history links."""
+    env = os.environ if env is None else env
+    if env.get("GITHUB_ACTIONS") == "true" or env.get("GITHUB_RUN_ID"):
+        repo_url = f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env.get('GITHUB_REPOSITORY', '')}"
+        number = env.get("GITHUB_RUN_NUMBER", "")
+        return _executor(
+            name="GitHub Actions",
+            type="github",
+            url=repo_url,
+            buildOrder=number,
+            buildName=f"{env.get('GITHUB_WORKFLOW', 'workflow')} #{number}",
+            buildUrl=f"{repo_url}/actions/runs/{env.get('GITHUB_RUN_ID', '')}",
+        )
+    if env.get("GITLAB_CI") or env.get("CI_PIPELINE_ID"):
+        return _executor(
+            name="GitLab CI",
+            type="gitlab",
+            url=env.get("CI_PROJECT_URL", ""),
+            buildOrder=env.get("CI_PIPELINE_IID") or env.get("CI_PIPELINE_ID", ""),
+            buildName=f"{env.get('CI_JOB_NAME', 'job')} #{env.get('CI_PIPELINE_IID') or env.get('CI_PIPELINE_ID', '')}",
+            buildUrl=env.get("CI_JOB_URL") or env.get("CI_PIPELINE_URL", ""),
+        )
+    if env.get("JENKINS_URL") or env.get("BUILD_URL"):
+        return _executor(
+            name="Jenkins",
+            type="jenkins",
+            url=env.get("JENKINS_URL", ""),
+            buildOrder=env.get("BUILD_NUMBER", ""),
+            buildName=f"{env.get('JOB_NAME', 'job')} #{env.get('BUILD_NUMBER', '')}",
+            buildUrl=env.get("BUILD_URL", ""),
+        )
+    user = env.get("USER") or env.get("USERNAME") or "user"
+    return _executor(
+        name="local",
+        type="local",
+        buildOrder=str(int(time.time())),
+        buildName=f"{user}@{socket.gethostname()}",
+    )
+
+
+def _executor(buildOrder: str, **fields: str) -> dict:
+    """Drop empty fields; buildOrder must be an integer or Allure ignores it."""
+    out = {k: v for k, v in fields.items() if v}
+    if str(buildOrder).isdigit():
+        out["buildOrder"] = int(buildOrder)
+    return out
+
+
+def write_categories(results_dir: str | os.PathLike) -> Path:
+    """categories.json, for Allure 2 and other readers of the results directory."""
+    path = Path(results_dir) / "categories.json"
+    path.write_text(json.dumps(CATEGORIES, indent=1))
+    return path
+
+
+def write_executor(results_dir: str | os.PathLike, env: Mapping[str, str] | None = None) -> Path:
+    """executor.json: links the report to the CI build that produced it."""
+    path = Path(results_dir) / "executor.json"
+    path.write_text(json.dumps(executor_info(env), indent=1))
+    return path
+
+
+def write_environment(results_dir: str | os.PathLike, props: Mapping[str, object]) -> Path:
+    """Write environment.properties (the report's Environment widget).
+
+    Never pass secrets: the report is meant to be shared.
+    """
+    Path(results_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(results_dir) / "environment.properties"
+    lines = [f"{_escape(str(k), key=True)}={_escape(str(v))}" for k, v in props.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _escape(text: str, key: bool = False) -> str:
+    """Java .properties escaping, so a value with '=' or a newline survives."""
+    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    if key:
+        out = out.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ")
+    return out
+
+
+# summary.json median -> (title, unit, which direction is better)
+METRICS = {
+    "median_time_to_detect": ("median time to detect", "s", "lower"),
+    "median_time_to_recover": ("median time to recover", "s", "lower"),
+    "median_steps_lost": ("median steps lost", "steps", "lower"),
+    "median_ettr": ("median ETTR", "ratio", "higher"),
+}
+
+
+def write_metrics(results_dir: str | os.PathLike, run_summary: Mapping) -> Path:
+    """Write the run summary's per-fault-kind medians as Allure 3 metrics (chaos-perf.json)."""
+    now = int(time.time() * 1000)
+    samples = []
+    for kind, figures in run_summary.get("by_fault_kind", {}).items():
+        for field, (title, unit, better) in METRICS.items():
+            if figures.get(field) is None:
+                continue
+            key = f"{kind}.{field}"
+            samples.append({
+                "id": key, "key": key, "value": figures[field], "start": now, "stop": now,
+                "title": f"{kind}: {title}", "unit": unit, "better": better, "group": kind, "groupTitle": kind,
+            })
+    path = Path(results_dir) / "chaos-perf.json"
+    path.write_text(json.dumps(samples, indent=1))
+    return path
+
+
+def allure_cli(search: tuple[Path, ...] | None = None) -> list[str]:
+    """The command that runs Allure 3, or a ChaosError saying what to install."""
+    if shutil.which("node") is None:
+        raise ChaosError(
+            f"node is not installed; the HTML report needs Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]} and npm, "
+            f"then `npm ci` in {REPO_ROOT}"
+        )
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if tuple(int(part) for part in version.lstrip("v").split(".")[:2]) < MIN_NODE:
+        raise ChaosError(
+            f"node {version} is too old: Allure 3 needs Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]} "
+            "(Debian 12's nodejs package is 18; Debian 13's is new enough)"
+        )
+    roots = search or (Path.cwd(), REPO_ROOT)
+    for root in roots:
+        package = root / "node_modules" / "allure" / "package.json"
+        if package.is_file():
+            version = json.loads(package.read_text()).get("version", "")
+            if not version.startswith("3."):
+                raise ChaosError(f"{package} is allure {version}; the report needs allure 3.x: run `npm ci` in {REPO_ROOT}")
+            return ["node", str(root / "node_modules" / "allure" / "cli.js")]
+    where = " or ".join(str(r) for r in dict.fromkeys(roots))
+    raise ChaosError(f"the allure 3 npm package is not installed (looked in {where}/node_modules): run `npm ci` in {REPO_ROOT}")
+
+
+def allure_config(name: str, history_file: Path, history_limit: int | None) -> dict:
+    """Allure 3 config: the awesome report only, categories, and the history file."""
+    config = {
+        "name": name,
+        "historyPath": str(history_file),
+        "categories": CATEGORIES,
+        "plugins": {"awesome": {"options": {"reportName": name}}, "agent": {"enabled": False}},
+    }
+    if history_limit is not None:
+        config["historyLimit"] = history_limit
+    return config
+
+
+def generate(
+    results_dir: str | os.PathLike = DEFAULT_RESULTS,
+    report_dir: str | os.PathLike = DEFAULT_REPORT,
+    history_file: str | os.PathLike = DEFAULT_HISTORY,
+    summary_file: str | os.PathLike | None = None,
+    name: str = "Ray chaos report",
+    history_limit: int | None = 100,
+) -> Path:
+    """Generate the report; return ``report_dir`` (open its index.html over HTTP).
+
+    ``summary_file`` (reports/summary.json from chaos.summary.write_summary), when given,
+    feeds the recovery-time metrics and their trends.
+
+    The new report is built beside ``report_dir`` and swapped in only when complete, so a
+    failed generation leaves the previous report in place.
+    """
+    results = Path(results_dir).resolve()
+    report = Path(report_dir).resolve()
+    history = Path(history_file).resolve()
+    if not results.is_dir() or not any(results.glob("*-result.json")):
+        raise ChaosError(f"no Allure results in {results}: run the chaos tests first (pytest -m chaos --alluredir {results_dir})")
+    if report.exists() and any(report.iterdir()) and not (report / "index.html").is_file():
+        raise ChaosError(f"{report} exists and is not an Allure report; refusing to replace it")
+    command = allure_cli()
+    write_categories(results)
+    write_executor(results)
+    if summary_file is not None:
+        write_metrics(results, json.loads(Path(summary_file).read_text())["run"])
+    history.parent.mkdir(parents=True, exist_ok=True)
+    report.parent.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory(prefix=".allure-", dir=report.parent) as tmp:
+        config = Path(tmp) / "allurerc.json"
+        config.write_text(json.dumps(allure_config(name, history, history_limit), indent=1))
+        staging = Path(tmp) / "report"
+        try:
+            proc = subprocess.run(
+                [*command, "generate", "--config", str(config), "--output", str(staging), str(results)],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=GENERATE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise ChaosError(f"allure generate did not finish within {GENERATE_TIMEOUT_S}s for {results}") from e
+        if proc.returncode != 0 or not (staging / "index.html").is_file():
+            output = (proc.stdout + proc.stderr).strip()[-3000:]
+            raise ChaosError(f"allure generate failed (exit {proc.returncode}) for {results}:\n{output}")
+        if report.exists():
+            shutil.rmtree(report)
+        staging.rename(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaos.allure_site``: what `make report` runs."""
+    parser = argparse.ArgumentParser(prog="python -m chaos.allure_site", description=main.__doc__)
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="allure-results directory")
+    parser.add_argument("--report", default=str(DEFAULT_REPORT), help="output directory of the HTML report")
+    parser.add_argument("--history", default=str(DEFAULT_HISTORY), help="Allure 3 history file (JSONL) kept between runs")
+    parser.add_argument("--summary", default=str(DEFAULT_SUMMARY), help="summary.json for the metrics (used when present)")
+    parser.add_argument("--name", default="Ray chaos report")
+    args = parser.parse_args(argv)
+    summary = args.summary if Path(args.summary).is_file() else None
+    try:
+        report = generate(args.results, args.report, args.history, summary_file=summary, name=args.name)
+    except ChaosError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {report / 'index.html'} (serve it: npx allure open {report})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Machine-readable results: one record per chaos test, merged into reports/summary.json.
+
+The Allure report is for people; summary.json is for dashboards, alerts and diffs between
+nightly runs.  Each test writes its own record file (one file per test, written
+atomically), so parallel pytest sessions (xdist workers, several profiles) never contend
+for one file; `write_summary` merges whatever records the directory holds.
+
+A record::
+
+    {"test": nodeid, "fault_kind": "raylet_kill", "backend": "embedded",
+     "outcome": "passed" | "failed" | "broken",
+     "verdicts": [{"name", "status", "diagnosis", "message", "evidence"}],
+     "metrics": metrics_for(timeline, failure_config)}
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from chaos.errors import ChaosError
+from chaos.timeline import Timeline, ettr, median, recovery_metrics
+
+DEFAULT_RECORDS = Path("reports/summary.d")
+DEFAULT_SUMMARY = Path("reports/summary.json")
+
+# Which FailureConfig field limits each budget class the recorder reports.
+BUDGET_LIMIT_FIELDS = {
+    "worker_group": "max_failures",
+    "preemption": "max_preemption_failures",
+    "controller": "controller_failure_limit",
+}
+MEDIAN_METRICS = ("time_to_detect", "time_to_recover", "steps_lost", "ettr")
+
+
+def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
+    """The metrics of one test's run.
+
+    With several faults in one test, time_to_detect / time_to_recover are the worst
+    (largest) over the faults -- the figure an SLO is about -- and steps_lost is the sum;
+    the per-fault figures are kept under ``faults``.  ``charged`` holds, per budget
+    class, the count and limit of the last failure decision Ray took for that class, or
+    0 and the configured limit when Ray charged nothing to it.
+    """
+    per_fault = recovery_metrics(timeline)
+    charged = {cls: {"count": 0, "limit": failure_config.get(field)} for cls, field in BUDGET_LIMIT_FIELDS.items()}
+    for decision in timeline.of("failure_decision"):
+        cls = decision.data.get("budget_class")
+        charged[cls] = {"count": decision.data.get("count"), "limit": decision.data.get("limit")}
+    lost = [m.steps_lost for m in per_fault if m.steps_lost is not None]
+    return {
+        "time_to_detect": _worst(m.time_to_detect for m in per_fault),
+        "time_to_recover": _worst(m.time_to_recover for m in per_fault),
+        "steps_lost": sum(lost) if lost else None,
+        "ettr": ettr(timeline),
+        "charged": charged,
+        "faults": [
+            {
+                "time_to_detect": m.time_to_detect,
+                "time_to_restart": m.time_to_restart,
+                "time_to_recover": m.time_to_recover,
+                "steps_lost": m.steps_lost,
+            }
+            for m in per_fault
+        ],
+    }
+
+
+def _worst(values: Iterable[float | None]) -> float | None:
+    seen = [v for v in values if v is not None]
+    return max(seen) if seen else None
+
+
+def record_path(records_dir: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+    """One file per (test, backend): a rerun of a test replaces its own record only."""
+    key = f"{record['test']}|{record.get('backend', '')}"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", record["test"])[-80:]
+    return Path(records_dir) / f"{readable}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
+
+
+def append_record(records_dir: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+    """Store one test's record; safe when many sessions write to the same directory."""
+    for field in ("test", "fault_kind", "outcome"):
+        if field not in record:
+            raise ChaosError(f"summary record lacks {field!r}: {dict(record)!r:.200}")
+    path = record_path(records_dir, record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".record-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        os.replace(tmp, path)  # atomic: a reader sees the old record or the new, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_records(records_dir: str | os.PathLike) -> list[dict]:
+    records = []
+    for path in sorted(Path(records_dir).glob("*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ChaosError(f"corrupt summary record {path}: {e}") from e
+    return records
+
+
+def summarize(records: list[dict]) -> dict:
+    """Run-level view: outcomes, diagnoses and per-fault-kind medians."""
+    by_kind: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in records:
+        by_kind[r["fault_kind"]].append(r)
+    return {
+        "tests": len(records),
+        "outcomes": dict(collections.Counter(r["outcome"] for r in records)),
+        "diagnoses": dict(
+            collections.Counter(v["diagnosis"] for r in records for v in r.get("verdicts", []) if v.get("diagnosis"))
+        ),
+        "by_fault_kind": {kind: _kind_summary(rs) for kind, rs in sorted(by_kind.items())},
+    }
+
+
+def _kind_summary(records: list[dict]) -> dict:
+    out: dict[str, Any] = {
+        "tests": len(records),
+        "outcomes": dict(collections.Counter(r["outcome"] for r in records)),
+    }
+    for name in MEDIAN_METRICS:
+        out[f"median_{name}"] = median((r.get("metrics") or {}).get(name) for r in records)
+    return out
+
+
+def write_summary(records_dir: str | os.PathLike = DEFAULT_RECORDS, out_path: str | os.PathLike = DEFAULT_SUMMARY) -> Path:
+    """Merge every record in ``records_dir`` into ``out_path`` (run summary + per-test records)."""
+    records = load_records(records_dir)
+    summary = {
+        "generated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "run": summarize(records),
+        "records": records,
+    }
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(summary, indent=1, default=str))
+    os.replace(tmp, out)
+    return out

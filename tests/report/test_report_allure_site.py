@@ -1,0 +1,162 @@
+"""Feeding Allure: categories, executor, environment, metrics, and the generated report."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from chaos import allure_site
+from chaos.allure_site import CATEGORIES, allure_cli, executor_info, generate, write_environment, write_metrics
+from chaos.errors import ChaosError
+
+
+def first_category(message: str, status: str, full_match: bool) -> str | None:
+    """Which category Allure files a test under: the first rule that matches.
+
+    Allure 3 searches messageRegex in the message; Allure 2 requires a full match.
+    """
+    for rule in CATEGORIES:
+        if status not in rule["matchedStatuses"]:
+            continue
+        regex = rule.get("messageRegex")
+        if regex is None or (re.fullmatch if full_match else re.search)(regex, message):
+            return rule["name"]
+    return None
+
+
+@pytest.mark.parametrize("full_match", [False, True], ids=["allure3", "allure2"])
+@pytest.mark.parametrize(
+    "message, status, category",
+    [
+        ("resumed-from-latest: restarted from scratch (first step 1, latest committed 9)", "failed", "did not resume"),
+        ("attempt 1 did not resume: no report after restart", "failed", "did not resume"),
+        ("resumed-from-latest: resumed from an older checkpoint (step 5, latest 9)", "failed", "resumed from an older checkpoint"),
+        ("within-budget: retry budget exhausted after 3 failures", "failed", "retry budget exhausted"),
+        ("recovery-time: recovery too slow: 95.2 s > SLO 60 s", "failed", "recovery too slow"),
+        ("InjectionError: injection failed: raylet on 127.0.1.3 did not die", "broken", "injection failed"),
+        ("healed: cleanup failed: node 127.0.1.3 still dead", "failed", "cleanup failed"),
+        ("verdicts failed:\nhealed: ok\nwithin-budget: retry budget exhausted\n", "failed", "retry budget exhausted"),
+        ("KeyError: 'placement'", "broken", "harness error"),
+        ("AssertionError: something else", "failed", None),
+    ],
+)
+def test_categories_match_diagnoses(message, status, category, full_match):
+    assert first_category(message, status, full_match) == category
+
+
+def test_category_files_are_written(tmp_path):
+    allure_site.write_categories(tmp_path)
+    assert json.loads((tmp_path / "categories.json").read_text()) == CATEGORIES
+    config = allure_site.allure_config("r", tmp_path / "h.jsonl", 10)
+    assert config["categories"] == CATEGORIES and config["historyPath"].endswith("h.jsonl")
+
+
+def test_executor_from_github_env():
+    env = {
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_REPOSITORY": "acme/train",
+        "GITHUB_RUN_ID": "123456",
+        "GITHUB_RUN_NUMBER": "42",
+        "GITHUB_WORKFLOW": "nightly-chaos",
+    }
+    assert executor_info(env) == {
+        "name": "GitHub Actions",
+        "type": "github",
+        "url": "https://github.com/acme/train",
+        "buildOrder": 42,
+        "buildName": "nightly-chaos #42",
+        "buildUrl": "https://github.com/acme/train/actions/runs/123456",
+    }
+
+
+def test_executor_from_gitlab_jenkins_and_local():
+    gitlab = executor_info({"GITLAB_CI": "true", "CI_PIPELINE_IID": "7", "CI_JOB_NAME": "chaos",
+                            "CI_JOB_URL": "https://gl/j/1", "CI_PROJECT_URL": "https://gl/p"})
+    assert (gitlab["type"], gitlab["buildOrder"], gitlab["buildName"], gitlab["buildUrl"]) == ("gitlab", 7, "chaos #7", "https://gl/j/1")
+    jenkins = executor_info({"JENKINS_URL": "https://j/", "BUILD_NUMBER": "9", "JOB_NAME": "chaos", "BUILD_URL": "https://j/b/9"})
+    assert (jenkins["type"], jenkins["buildOrder"], jenkins["buildName"]) == ("jenkins", 9, "chaos #9")
+    local = executor_info({"USER": "sre"})
+    assert local["type"] == "local" and local["buildName"].startswith("sre@")
+
+
+def test_environment_properties_escaping(tmp_path):
+    path = write_environment(tmp_path, {"ray.version": "2.60.0", "health check": "period=500ms\ntimeout=1s"})
+    assert path.read_text() == "ray.version=2.60.0\nhealth\\ check=period=500ms\\ntimeout=1s\n"
+
+
+def test_metrics_from_run_summary(tmp_path):
+    run = {"by_fault_kind": {"raylet_kill": {"median_time_to_detect": 2.5, "median_time_to_recover": None,
+                                             "median_steps_lost": 1, "median_ettr": 0.9}}}
+    samples = json.loads(write_metrics(tmp_path, run).read_text())
+    assert {s["key"]: (s["value"], s["better"]) for s in samples} == {
+        "raylet_kill.median_time_to_detect": (2.5, "lower"),
+        "raylet_kill.median_steps_lost": (1, "lower"),
+        "raylet_kill.median_ettr": (0.9, "higher"),
+    }
+
+
+def test_missing_node_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(allure_site.shutil, "which", lambda name: None)
+    with pytest.raises(ChaosError, match="node is not installed.*Node.js >= 20.19 and npm.*npm ci"):
+        allure_cli()
+
+
+def test_old_node_is_refused(monkeypatch):
+    monkeypatch.setattr(allure_site.shutil, "which", lambda name: "/usr/bin/node")
+    monkeypatch.setattr(allure_site.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(a, 0, "v18.20.4\n", ""))
+    with pytest.raises(ChaosError, match="node v18.20.4 is too old"):
+        allure_cli()
+
+
+def test_missing_or_wrong_allure_package_says_what_to_run(tmp_path):
+    if allure_site.shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    with pytest.raises(ChaosError, match="not installed.*run `npm ci`"):
+        allure_cli(search=(tmp_path,))
+    package = tmp_path / "node_modules" / "allure" / "package.json"
+    package.parent.mkdir(parents=True)
+    package.write_text(json.dumps({"version": "2.30.0"}))
+    with pytest.raises(ChaosError, match="allure 2.30.0; the report needs allure 3.x"):
+        allure_cli(search=(tmp_path,))
+
+
+def test_no_results_is_a_clear_error(tmp_path):
+    with pytest.raises(ChaosError, match="no Allure results.*run the chaos tests first"):
+        generate(tmp_path / "nothing", tmp_path / "report", tmp_path / "h.jsonl")
+
+
+def test_refuses_to_replace_a_directory_that_is_not_a_report(allure_results, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ChaosError, match="not an Allure report"):
+        generate(allure_results, precious, tmp_path / "h.jsonl")
+    assert (precious / "notes.txt").exists()
+
+
+def test_generated_report_has_tests_categories_environment(allure_report):
+    assert (allure_report / "index.html").is_file()
+    results = [json.loads(p.read_text()) for p in (allure_report / "data" / "test-results").glob("*.json")]
+    assert sorted(r["name"] for r in results) == ["test_chaos_harness_bug", "test_chaos_older_checkpoint", "test_chaos_recovery"]
+    categories = json.loads((allure_report / "widgets" / "categories.json").read_text())
+    names = {node["name"] for node in categories["nodes"].values() if node["type"] == "category"}
+    assert names == {"resumed from an older checkpoint", "harness error"}
+
+
+def test_history_accumulates_across_runs(allure_installed, allure_results, tmp_path):
+    results = shutil.copytree(allure_results, tmp_path / "allure-results")
+    history = tmp_path / "history.jsonl"
+    summary = tmp_path / "summary.json"
+    run = {"by_fault_kind": {"raylet_kill": {"median_time_to_recover": 6.5}}}
+    summary.write_text(json.dumps({"run": run, "records": []}))
+    for _ in range(2):
+        report = generate(results, tmp_path / "report", history, summary_file=summary)
+    assert len(history.read_text().splitlines()) == 2
+    charts = json.loads((report / "widgets" / "charts.json").read_text())
+    [dynamics] = [c for c in charts["general"].values() if c["type"] == "statusDynamics"]
+    assert len(dynamics["data"]) == 2, "the second report should show the first one in its trend"
+    metrics = json.loads((report / "widgets" / "metrics.json").read_text())
+    assert metrics["history"][0]["metrics"] == {"raylet_kill.median_time_to_recover": 6.5}

@@ -1,0 +1,82 @@
+"""The timeline picture: derived numbers first, then that a real PNG comes out."""
+
+import pytest
+from matplotlib.image import imread
+
+from chaos.plot import plot_data, render_timeline
+from chaos.timeline import Timeline
+
+
+def assert_png(path):
+    assert path.is_file() and path.stat().st_size > 20_000, f"{path} is missing or suspiciously small"
+    pixels = imread(path)
+    height, width = pixels.shape[:2]
+    assert width >= 800 and height >= 400
+    assert pixels.std() > 0.05, "the image is (nearly) a single colour"
+
+
+def test_recovered_run_numbers(recovered_timeline):
+    data = plot_data(recovered_timeline)
+    assert data.has_steps
+    assert sorted(data.attempts) == [0, 1]
+    assert [p.step for p in data.attempts[0]] == list(range(1, 12))
+    assert [p.step for p in data.attempts[1] if p.checkpoint] == [12, 15, 18]
+    # attempt 1 resumed at step 10 after reaching 11: steps 10 and 11 were done twice
+    [lost] = data.lost
+    assert (lost.attempt, lost.first_step, lost.last_step, lost.steps) == (1, 10, 11, 2)
+    assert (lost.x0, lost.x1) == (17.0, 20.0)
+    [recovery] = data.recoveries
+    assert recovery.fault_x == 12.5
+    assert recovery.time_to_detect == pytest.approx(2.5)
+    assert recovery.time_to_recover == pytest.approx(6.5)
+    kinds = [m.kind for m in data.markers]
+    assert kinds == ["attempt_started", "fault_injected", "node_dead", "attempt_started", "node_alive", "run_finished"]
+    assert data.markers[1].label == "fault: raylet_kill"
+
+
+def test_recovered_run_png(recovered_timeline, tmp_path):
+    assert_png(render_timeline(recovered_timeline, tmp_path / "t.png", title="raylet kill"))
+
+
+def test_budget_exhausted_has_no_recovery(exhausted_timeline, tmp_path):
+    data = plot_data(exhausted_timeline)
+    assert list(data.attempts) == [0]
+    assert data.lost == []
+    [recovery] = data.recoveries
+    assert recovery.time_to_detect == pytest.approx(2.0)
+    assert recovery.time_to_recover is None
+    assert [m.label for m in data.markers if m.kind == "run_finished"] == ["run ERRORED"]
+    assert_png(render_timeline(exhausted_timeline, tmp_path / "t.png"))
+
+
+def test_no_step_metric(stepless_timeline, tmp_path):
+    data = plot_data(stepless_timeline)
+    assert not data.has_steps
+    assert data.lost == []  # nothing to compare without steps
+    assert [len(points) for points in data.attempts.values()] == [5, 5]
+    path = render_timeline(stepless_timeline, tmp_path / "t.png", title="no steps")
+    assert_png(path)
+
+
+def test_title_says_when_steps_are_missing(stepless_timeline, recovered_timeline, monkeypatch, tmp_path):
+    titles = []
+    monkeypatch.setattr("matplotlib.axes.Axes.set_title", lambda self, text, **kw: titles.append(text))
+    render_timeline(stepless_timeline, tmp_path / "a.png", title="run")
+    render_timeline(recovered_timeline, tmp_path / "b.png", title="run")
+    assert titles == ["run (no step metric: report times only)", "run"]
+
+
+def test_many_attempts(many_attempts_timeline, tmp_path):
+    data = plot_data(many_attempts_timeline)
+    assert len(data.attempts) == 12
+    assert [span.steps for span in data.lost] == [3] * 11
+    assert_png(render_timeline(many_attempts_timeline, tmp_path / "t.png"))
+
+
+def test_zero_faults_and_empty_timeline(recovered_timeline, tmp_path):
+    calm = Timeline(e for e in recovered_timeline.events if e.kind != "fault_injected")
+    assert plot_data(calm).recoveries == []
+    assert_png(render_timeline(calm, tmp_path / "calm.png"))
+    empty = plot_data(Timeline())
+    assert (empty.attempts, empty.markers, empty.lost, empty.recoveries) == ({}, [], [], [])
+    assert render_timeline(Timeline(), tmp_path / "empty.png").is_file()
