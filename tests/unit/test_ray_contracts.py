@@ -1,0 +1,107 @@
+"""Fail loudly if the pinned Ray changes an internal the harness relies on.
+
+The recorder (chaos/train/recorder.py) is the only user of ray.train.v2._internal and
+chaos/transport/ray.py the only user of Ray's gRPC stubs; each fact they rely on is
+pinned here against the installed Ray.
+"""
+
+import dataclasses
+import inspect
+import logging
+
+import ray
+from ray.train.v2._internal.execution import callback as cb
+from ray.train.v2._internal.execution.context import DistributedContext, TrainRunContext
+from ray.train.v2._internal.execution.controller.state import FinishedState, RunningState
+from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
+from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus
+from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
+from ray.train.v2.api.config import FailureConfig
+from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
+
+from chaos.train import recorder
+
+
+def params(fn):
+    return [p for p in inspect.signature(fn).parameters if p != "self"]
+
+
+def test_ray_version_is_the_pinned_one():
+    assert ray.__version__.startswith("2.60."), f"harness is pinned to Ray 2.60, found {ray.__version__}"
+
+
+def test_callback_hooks_have_the_signatures_the_recorder_implements():
+    expected = {
+        cb.ControllerCallback.after_controller_start: ["train_run_context"],
+        cb.ControllerCallback.after_controller_state_update: ["previous_state", "current_state"],
+        cb.ControllerCallback.before_controller_execute_failure_decision: ["failure_decision"],
+        cb.ControllerCallback.after_controller_finish: ["result"],
+        cb.WorkerGroupCallback.after_worker_group_start: ["worker_group"],
+        cb.WorkerGroupCallback.after_worker_group_poll_status: ["worker_group_status"],
+        cb.ReportCallback.after_report: ["training_report", "metrics"],
+    }
+    for hook, names in expected.items():
+        assert params(hook) == names, f"{hook.__qualname__} changed: {params(hook)} != {names}"
+        assert params(getattr(recorder.Recorder, hook.__name__)) == names, f"Recorder.{hook.__name__} is stale"
+
+
+def test_env_var_callback_loading_is_still_there():
+    from ray.train.v2._internal.callbacks import env_callback
+    from ray.train.v2._internal.constants import RAY_TRAIN_CALLBACKS_ENV_VAR
+
+    assert RAY_TRAIN_CALLBACKS_ENV_VAR == "RAY_TRAIN_CALLBACKS"
+    assert hasattr(env_callback, "_initialize_env_callbacks")
+
+
+def test_placement_and_context_fields():
+    assert {f.name for f in dataclasses.fields(ActorMetadata)} >= {"node_id", "node_ip", "pid", "hostname"}
+    assert {f.name for f in dataclasses.fields(Worker)} >= {"metadata", "distributed_context"}
+    assert {f.name for f in dataclasses.fields(DistributedContext)} >= {"world_rank", "local_rank"}
+    assert {f.name for f in dataclasses.fields(TrainRunContext)} >= {"run_config", "scaling_config"}
+    assert hasattr(WorkerGroupPollStatus, "errors")
+    assert RunningState()._state_type.name == "RUNNING" and not RunningState().is_terminal()
+    assert FinishedState().is_terminal()
+
+
+def _decision_log(policy, error):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(recorder.FAILURE_POLICY_LOGGER)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        decision = policy.make_decision(error)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    return decision, [recorder.parse_failure_policy_line(r.getMessage()) for r in records]
+
+
+def test_failure_policy_still_logs_its_accounting_in_the_parsed_format():
+    policy = DefaultFailurePolicy(FailureConfig(max_failures=1))
+    error = WorkerGroupError("boom", worker_failures={0: RuntimeError("rank died")})
+    decision, [parsed] = _decision_log(policy, error)
+    assert decision.value == "RETRY"
+    assert parsed["decision"] == "RETRY" and parsed["budget_class"] == "worker_group"
+    assert parsed["count"] == 1 and parsed["limit"] == 1
+    decision, [parsed] = _decision_log(policy, error)
+    assert decision.value == "RAISE" and parsed["count"] == 2 and parsed["limit"] == 1
+
+
+def test_unlimited_budgets_parse_as_none():
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    policy = DefaultFailurePolicy(FailureConfig())
+    error = ControllerError(WorkerGroupStartupTimeoutError(num_workers=2))
+    _, [parsed] = _decision_log(policy, error)
+    assert parsed["budget_class"] == "controller" and parsed["limit"] is None
+
+
+def test_raylet_shutdown_grpc_stub_is_still_there():
+    from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+
+    assert hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
+    assert "graceful" in node_manager_pb2.ShutdownRayletRequest.DESCRIPTOR.fields_by_name
+    assert "ShutdownRaylet" in node_manager_pb2.DESCRIPTOR.services_by_name["NodeManagerService"].methods_by_name
