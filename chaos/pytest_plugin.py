@@ -35,6 +35,8 @@ def pytest_addoption(parser):
     g.addoption("--chaos-workload", default=None, metavar="CMD",
                 help="put your own Ray Train script under chaos, e.g. \"python my_train.py --foo 1\" "
                      "(run from the current directory, which is shipped as the job's working_dir)")
+    g.addoption("--chaos-workload-dir", default=None, metavar="DIR",
+                help="directory shipped with --chaos-workload as its working_dir (default: the current directory)")
     g.addoption("--chaos-step-metric", default="step", metavar="NAME",
                 help="the reported metric that counts training steps (default: step)")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (>= 3)")
@@ -56,6 +58,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "chaos: a chaos suite (starts a Ray cluster and injects faults); "
                                        "runs only with -m chaos")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
+    config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
                           ("chaos_slo_recover", 0.001)):
         value = config.getoption(name)
@@ -63,6 +66,9 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
     if config.getoption("chaos_workload") is not None and not config.getoption("chaos_workload").strip():
         raise pytest.UsageError("--chaos-workload is empty: give the command that starts your training script")
+    workdir = config.getoption("chaos_workload_dir")
+    if workdir is not None and not Path(workdir).is_dir():
+        raise pytest.UsageError(f"--chaos-workload-dir {workdir}: not a directory")
     config.stash[_RECORDS] = {}
 
 
@@ -167,7 +173,8 @@ class Chaos:
         """The reference workload with ``params`` — or the user's own script if given."""
         name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_")
         if self.user_workload:
-            return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"))
+            return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
+                             working_dir=self._opt("chaos_workload_dir"))
         return reference_spec(name, str(self.env.out_dir / "storage"), **params)
 
     def raylet_kill(self, rank: int = 1) -> RayletKill:

@@ -1,0 +1,38 @@
+# Two commands on a fresh machine:
+#   make chaos   — set everything up, run the chaos suites on the embedded cluster
+#   make test    — set everything up, run the harness's own tests (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+ALLURE := reports/allure-results
+
+.PHONY: setup chaos test report clean
+
+setup: $(VENV)/.installed node_modules/.installed .system-packages
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[workload]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.system-packages: scripts/setup-system.sh
+	bash scripts/setup-system.sh
+	touch $@
+
+chaos: setup
+	$(PYTEST) -m chaos suites --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
+
+test: setup
+	$(PYTEST) tests -p no:cacheprovider -rfEs $(ARGS)
+
+report: setup
+	$(PY) -m chaos.allure_site
+
+clean:
+	rm -rf reports/allure-results reports/allure-report reports/runs reports/embedded reports/storage reports/summary.d

@@ -1,0 +1,41 @@
+"""`ray-chaos`: the harness's command line (report, ledger)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from chaos.ledger import Ledger
+
+
+def _ledger(args) -> int:
+    ledger = Ledger(Path(args.path))
+    entries = ledger.open_entries() if not args.all else list(ledger.entries().values())
+    for e in entries:
+        print(json.dumps(e, sort_keys=True))
+    if not args.all:
+        print(f"{len(entries)} fault(s) not reverted in {args.path}", file=sys.stderr)
+    return 1 if entries and not args.all else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ray-chaos", description="Chaos testing for Ray Train on real Ray clusters.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("report", help="generate the Allure HTML report (with history) from reports/allure-results",
+                       add_help=False)
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    l = sub.add_parser("ledger", help="list faults that were injected and not reverted")
+    l.add_argument("--path", default="reports/ledger.jsonl")
+    l.add_argument("--all", action="store_true", help="every entry, reverted ones too")
+    args = p.parse_args(argv)
+    if args.cmd == "report":
+        from chaos.allure_site import main as report_main
+
+        return report_main(args.rest)
+    return _ledger(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

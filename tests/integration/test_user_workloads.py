@@ -1,0 +1,90 @@
+"""A user's own script under chaos (--chaos-workload): the harness must catch the
+classic mistakes and say so in the test's failure — and leave nothing running.
+
+Each case runs a real chaos suite in a separate pytest session on its own embedded
+cluster, exactly as a user would.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "tests" / "workloads"
+SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
+
+
+def run_suite(tmp_path, workload_args, *extra, timeout=900):
+    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
+           "--chaos-workload", f"{sys.executable} user_train.py --storage {tmp_path / 'storage'} {workload_args}",
+           "--chaos-workload-dir", str(WORKLOADS), "--chaos-reports", str(tmp_path / "reports"), *extra]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = p.communicate(timeout=timeout)
+    assert_nothing_left(p.pid)
+    return p.returncode, out
+
+
+def assert_nothing_left(session_pid):
+    """No process of that pytest session's cluster (Ray temp dir /tmp/rc-<pid>) may survive it."""
+    marker = f"/tmp/rc-{session_pid}/"
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert not left, f"processes of the embedded cluster left behind: {left}"
+
+
+@pytest.mark.integration
+def test_correct_user_script_passes(tmp_path):
+    code, out = run_suite(tmp_path, "")
+    assert code == 0, out[-4000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in out
+
+
+@pytest.mark.integration
+def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(tmp_path):
+    code, out = run_suite(tmp_path, "--ignore-checkpoint")
+    assert code == 1, out[-4000:]
+    assert "restarted from scratch: attempt 1 began at step 1 although checkpoint step" in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_default_failure_config_fails_with_budget_exhausted(tmp_path):
+    code, out = run_suite(tmp_path, "--default-failure-config")
+    assert code == 1, out[-4000:]
+    assert "retry budget exhausted: 1 failure charged to max_failures=0" in out, out[-4000:]
+    assert "timed out" not in out.split("short test summary")[-1]
+
+
+@pytest.mark.integration
+def test_no_step_metric_is_reported_unverifiable(tmp_path):
+    code, out = run_suite(tmp_path, "--metric iteration")
+    assert "unverifiable: no step metric 'step'" in out, out[-4000:]
+    assert code == 0, out[-4000:]
+
+
+@pytest.mark.integration
+def test_workload_that_fails_before_training_is_a_clear_error(tmp_path):
+    code, out = run_suite(tmp_path, "--crash-before-training", timeout=600)
+    assert code == 1, out[-4000:]
+    assert "the workload did not start training" in out
+    assert "could not open the training data" in out  # the job's own error, from its log
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chaos-workers", "0"], "--chaos-workers=0: must be >= 1"),
+    (["--chaos-node-recovery", "sometimes"], "invalid choice: 'sometimes'"),
+    (["--chaos-raylet-kill", "pkill"], "invalid choice: 'pkill'"),
+    (["--chaos-workload", " "], "--chaos-workload is empty"),
+    (["--chaos-workload-dir", "/nonexistent/dir"], "--chaos-workload-dir /nonexistent/dir: not a directory"),
+])
+def test_bad_option_values_are_clear_usage_errors(args, message):
+    p = subprocess.run([sys.executable, "-m", "pytest", "-m", "chaos", "suites", "-p", "no:cacheprovider", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert message in p.stdout + p.stderr

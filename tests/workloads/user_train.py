@@ -1,0 +1,60 @@
+"""A user's Ray Train V2 script, as users write them — with flags that reproduce
+the classic mistakes the harness must catch.
+
+    --ignore-checkpoint   never calls get_checkpoint() (ray-project/ray#46814)
+    --default-failure-config   leaves FailureConfig at its default (max_failures=0)
+    --crash-before-training    raises before the trainer starts
+    --metric NAME         name of the reported step counter (default "step")
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import torch
+
+import ray.train
+import ray.train.torch
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def loop(config):
+    model = torch.nn.Linear(4, 1)
+    start = 0
+    if not config["ignore_checkpoint"]:
+        ckpt = ray.train.get_checkpoint()
+        if ckpt:
+            with ckpt.as_directory() as d:
+                start = torch.load(os.path.join(d, "s.pt"))["step"]
+    for step in range(start + 1, config["steps"] + 1):
+        model(torch.ones(2, 4)).sum().backward()
+        time.sleep(0.3)
+        metrics = {config["metric"]: step}
+        if step % 5 == 0 and ray.train.get_context().get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save({"step": step}, os.path.join(d, "s.pt"))
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--ignore-checkpoint", action="store_true")
+    p.add_argument("--default-failure-config", action="store_true")
+    p.add_argument("--crash-before-training", action="store_true")
+    p.add_argument("--metric", default="step")
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
+    a = p.parse_args()
+    if a.crash_before_training:
+        raise RuntimeError("could not open the training data: /data/shards does not exist")
+    TorchTrainer(
+        loop,
+        train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=a.storage, name=f"user-{os.getpid()}",
+                             failure_config=None if a.default_failure_config else FailureConfig(max_failures=3)),
+    ).fit()
