@@ -1,0 +1,801 @@
+"""Embedded test hosts: simulated machines for Ray worker nodes (DESIGN §7).
+
+A ``TestHost`` is a network + PID + mount + UTS + IPC namespace set on a bridge owned by a
+``TestHostNetwork``: its own address, hostname, sshd with its own host key, a boot id
+that changes at every boot, and a workload (e.g. ``ray start ... --block``). Power is cut
+the way a real machine loses it: the PID namespace's init dies and the kernel kills every
+process in it at once. A harness-side supervisor thread per host watches each boot and
+boots the host again after a reboot.
+
+Two halves live here because they are one protocol: the supervisor (harness side) and
+the init (``python -m chaos.embedded.testhost BOOT_JSON``, PID 1 inside the host). The
+init reports to the supervisor over a unix datagram socket with SO_PASSCRED, so the
+supervisor learns host-side PIDs and sshd readiness (sshd's own ``sd_notify``) without
+polling and without the network, which may be partitioned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import functools
+import ipaddress
+import json
+import logging
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import chaos
+from chaos.embedded import netns
+from chaos.errors import ClusterError, WaitTimeout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BRIDGE = "rcbr0"
+DEFAULT_SUBNET = "198.18.0.0/24"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SSHD = "/usr/sbin/sshd"
+REBOOT_COMMAND = "systemctl reboot"
+INIT_MARKER = "chaos.embedded.testhost"
+
+# Inside the host, `systemctl reboot` & co. signal the init; the init then calls reboot(2),
+# which in a non-initial PID namespace SIGKILLs the namespace's init (so every process in
+# it) and reports SIGHUP (restart) or SIGINT (power off) as the init's fate.
+REBOOT_SIGNAL = signal.SIGUSR1
+POWEROFF_SIGNAL = signal.SIGUSR2
+_RB_AUTOBOOT = 0x01234567
+_RB_POWER_OFF = 0x4321FEDC
+
+_REBOOT_CAUSES = ("reboot", "power-cycle")  # boot ends after which the host boots again
+_POWER_COMMANDS = ("systemctl", "reboot", "poweroff", "halt", "shutdown")
+_POWER_SCRIPT = """#!/bin/sh
+# Power control of a chaos test host, installed as systemctl/reboot/poweroff/halt/shutdown.
+# It never touches the real machine: it only signals the test host's own init (PID 1).
+tr '\\0' ' ' </proc/1/cmdline | grep -q '{marker}' || {{
+    echo "$0: not inside a chaos test host; refusing" >&2; exit 1; }}
+name=$(basename "$0"); action=""
+for arg in "$name" "$@"; do
+    case "$arg" in
+        reboot|-r) action=reboot ;;
+        poweroff|halt|-h|-P|-H) [ -n "$action" ] || action=poweroff ;;
+    esac
+done
+[ "$name" = shutdown ] && [ -z "$action" ] && action=poweroff
+case "$action" in
+    reboot) exec kill -s {reboot} 1 ;;
+    poweroff) exec kill -s {poweroff} 1 ;;
+esac
+echo "$name: a chaos test host only supports reboot and poweroff" >&2
+exit 1
+""".format(marker=INIT_MARKER, reboot=REBOOT_SIGNAL.name[3:], poweroff=POWEROFF_SIGNAL.name[3:])
+
+_HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
+_REQUIRED_TOOLS = {"ip": "iproute2", "iptables": "iptables", "nsenter": "util-linux",
+                   "unshare": "util-linux", "setpriv": "util-linux", SSHD: "openssh-server"}
+
+
+class TestHostUnsupported(ClusterError):
+    """This machine cannot run test hosts (not root, no namespaces, a tool missing)."""
+
+
+@functools.lru_cache(maxsize=1)
+def testhosts_supported() -> tuple[bool, str]:
+    """(True, "") when test hosts can run here, else (False, reason) for a skip message."""
+    if os.geteuid() != 0:
+        return False, f"test hosts need root (namespaces, bridge, iptables); running as uid {os.geteuid()}"
+    missing = [f"{tool} (apt package {pkg})" for tool, pkg in _REQUIRED_TOOLS.items()
+               if not shutil.which(tool)]
+    if missing:
+        return False, "test hosts need " + ", ".join(missing)
+    probe = ["unshare", "--net", "--pid", "--mount", "--uts", "--ipc", "--fork", "--mount-proc", "true"]
+    p = subprocess.run(probe, capture_output=True, text=True, timeout=10)
+    if p.returncode != 0:
+        return False, f"cannot create namespaces (`{' '.join(probe)}`: {p.stderr.strip()})"
+    return True, ""
+
+
+def require_testhosts() -> None:
+    ok, reason = testhosts_supported()
+    if not ok:
+        raise TestHostUnsupported(reason)
+
+
+class HostState(enum.Enum):
+    OFF = "off"
+    BOOTING = "booting"
+    UP = "up"  # sshd is accepting connections
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEvent:
+    """One power-state change of a host, for timelines and reports."""
+
+    time: float  # time.time()
+    host: str
+    state: HostState
+    boot_count: int
+    boot_id: str
+    detail: str
+
+
+def ensure_ed25519_key(path: Path, comment: str) -> str:
+    """Create an OpenSSH ed25519 key pair at ``path`` once; return the public key line."""
+    pub = path.with_name(path.name + ".pub")
+    if path.exists() and pub.exists():
+        return pub.read_text().strip()
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode() + f" {comment}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    pub.write_text(public + "\n")
+    return public
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+class TestHost:
+    """One simulated machine. Create through ``TestHostNetwork.add_host``.
+
+    ``workload`` (argv) and ``env`` are read at every boot, so they may be set after the
+    host's address is known. State changes are published through ``events``, listeners
+    and a condition variable behind ``wait_up``/``wait_down``.
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    reboot_command = REBOOT_COMMAND
+
+    def __init__(self, network: "TestHostNetwork", name: str, link: netns.HostLink, state_dir: Path,
+                 workload: Sequence[str] | None, env: Mapping[str, str] | None, boot_delay: float,
+                 boot_timeout: float, reboot_when_workload_exits: bool):
+        self.network = network
+        self.name = name
+        self.link = link
+        self.state_dir = state_dir
+        self.workload = list(workload) if workload else None
+        self.env = dict(env or {})
+        self.boot_delay = boot_delay
+        self.boot_timeout = boot_timeout
+        self.reboot_when_workload_exits = reboot_when_workload_exits
+        self.events: list[HostEvent] = []
+        self._listeners: list[Callable[[HostEvent], None]] = []
+        self._cv = threading.Condition()
+        self._state = HostState.OFF
+        self._boot_count = 0
+        self._ended_boot = 0  # number of the last boot that has ended
+        self._last_up_boot = 0  # number of the last boot whose sshd answered
+        self._boot_id = ""
+        self._last_detail = "never booted"
+        self._want_on = False
+        self._closing = False
+        self._pending_cause: str | None = None  # set by the harness before it cuts power
+        self._proc: subprocess.Popen | None = None
+        self._pids: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+        self.host_key = ensure_ed25519_key(self.state_dir / "ssh_host_ed25519_key", f"root@{name}")
+
+    # --- what callers read -------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return str(self.link.address)
+
+    @property
+    def netns(self) -> str:
+        return self.link.netns
+
+    @property
+    def state(self) -> HostState:
+        return self._state
+
+    @property
+    def is_up(self) -> bool:
+        return self._state is HostState.UP
+
+    @property
+    def boot_count(self) -> int:
+        return self._boot_count
+
+    @property
+    def boot_id(self) -> str:
+        """The current (or last) boot's id, as /proc/sys/kernel/random/boot_id shows inside."""
+        return self._boot_id
+
+    @property
+    def workload_log(self) -> Path:
+        return self.state_dir / "workload.log"
+
+    def pids(self) -> dict[str, int]:
+        """Host-side PIDs of this boot: unshare, init, sshd, workload (those that exist)."""
+        with self._cv:
+            return dict(self._pids)
+
+    def namespace_pids(self) -> list[int]:
+        """Host-side PIDs of every process in this boot's PID namespace (init included)."""
+        init = self.pids().get("init")
+        if init is None:
+            return []
+        try:
+            st = os.stat(f"/proc/{init}/ns/pid")
+        except FileNotFoundError:
+            return []
+        return netns.processes_in_namespace("pid", (st.st_dev, st.st_ino))
+
+    def add_listener(self, callback: Callable[[HostEvent], None]) -> None:
+        """Call ``callback(event)`` on every state change (from the supervisor thread)."""
+        self._listeners.append(callback)
+
+    # --- power ---------------------------------------------------------------------------
+
+    def boot(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Power on; with ``wait``, return once sshd answers (WaitTimeout otherwise)."""
+        with self._cv:
+            if self._closing:
+                raise ClusterError(f"{self.name}: host is closed")
+            self._want_on = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._supervise, name=f"testhost-{self.name}", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        if wait:
+            self.wait_up(timeout=timeout or self.boot_timeout + 5)
+
+    def power_off(self, timeout: float = 10.0) -> None:
+        """Cut power from the harness side and stay off. Idempotent."""
+        self._cut_power("power-off", want_on=False, timeout=timeout)
+
+    def power_cycle(self, timeout: float = 10.0) -> None:
+        """Cut power from the harness side; the host boots again after ``boot_delay``."""
+        self._cut_power("power-cycle", want_on=True, timeout=timeout)
+
+    def reboot_from_inside(self, command: str | None = None, timeout: float = 10.0) -> None:
+        """Run the reboot command (default ``systemctl reboot``) inside the host, like an
+        operator would, and return once this boot is down (the next boot follows)."""
+        command = command or self.reboot_command
+        with self._cv:
+            if self._state is not HostState.UP:
+                raise ClusterError(f"{self.name}: cannot run `{command}` inside: host is {self._state.value}")
+            boot, init = self._boot_count, self._pids["init"]
+        argv = ["nsenter", "-t", str(init), "-p", "-m", "-u", "-i", "-n", "--", "sh", "-c", command]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           env={"PATH": self._session_path()})
+        if p.returncode > 0:  # < 0: killed with the namespace, which is the point
+            raise ClusterError(f"{self.name}: `{command}` inside the host exited {p.returncode}: "
+                               f"{p.stderr.strip() or p.stdout.strip()}")
+        self.wait_down(boot=boot, timeout=timeout)
+
+    def _cut_power(self, cause: str, want_on: bool, timeout: float) -> None:
+        with self._cv:
+            self._want_on = want_on
+            proc = self._proc
+            if proc is None:
+                if want_on:
+                    raise ClusterError(f"{self.name}: cannot power-cycle: host is {self._state.value}")
+                self._cv.notify_all()  # e.g. cancel a pending reboot's boot delay
+                return
+            boot = self._boot_count
+            self._pending_cause = cause
+            # The init is what must die (the kernel then kills its whole namespace); it
+            # reports in within milliseconds of starting, or its unshare parent exits.
+            self._wait_locked(lambda: "init" in self._pids or proc.poll() is not None,
+                              timeout, "init to report its PID")
+            init = self._pids.get("init")
+        if init is not None:
+            try:
+                os.kill(init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.wait_down(boot=boot, timeout=timeout)
+
+    # --- waits ---------------------------------------------------------------------------
+
+    def wait_up(self, after_boot: int | None = None, timeout: float = 20.0) -> int:
+        """Wait until sshd has answered in a boot numbered above ``after_boot`` (default:
+        the current boot, or the next one when off); return that boot's number.
+
+        Counts a boot that came up even if it has ended since (no missed short boots);
+        fails early (ClusterError) when the host went off for good first."""
+        with self._cv:
+            floor = self._ended_boot if after_boot is None else after_boot
+            self._wait_locked(
+                lambda: self._last_up_boot > floor or (self._state is HostState.OFF and not self._want_on),
+                timeout, f"up in a boot after #{floor}")
+            if self._last_up_boot <= floor:
+                raise ClusterError(f"{self.name}: powered off while awaiting boot #{floor + 1}: {self._last_detail}")
+            return self._last_up_boot
+
+    def wait_down(self, boot: int | None = None, timeout: float = 10.0) -> None:
+        """Wait until boot number ``boot`` (default: the current one) has ended."""
+        with self._cv:
+            target = self._boot_count if boot is None else boot
+            self._wait_locked(lambda: self._ended_boot >= target, timeout, f"boot #{target} to end")
+
+    def _wait_locked(self, predicate: Callable[[], bool], timeout: float, awaited: str) -> None:
+        if not self._cv.wait_for(predicate, timeout):
+            raise WaitTimeout(f"{self.name}: awaited {awaited} for {timeout:.1f}s; saw state "
+                              f"{self._state.value}, boot #{self._boot_count} ({self._last_detail})")
+
+    # --- partition -----------------------------------------------------------------------
+
+    def partition(self) -> None:
+        """Drop all non-loopback traffic of this host (persists across its reboots)."""
+        netns.partition(self.netns)
+
+    def heal(self) -> None:
+        netns.heal(self.netns)
+
+    def is_partitioned(self) -> bool:
+        return netns.is_partitioned(self.netns)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Power off for good and stop the supervisor thread."""
+        self.power_off(timeout=timeout)
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise WaitTimeout(f"{self.name}: supervisor thread still running {timeout:.1f}s after close")
+
+    def _publish(self, state: HostState, detail: str) -> None:
+        """Record a state change, tell listeners, then release waiters (so a caller that
+        waited for an event knows every listener has seen it)."""
+        with self._cv:
+            self._state = state
+            self._last_detail = detail
+            event = HostEvent(time.time(), self.name, state, self._boot_count, self._boot_id, detail)
+            self.events.append(event)
+        log.info("%s: %s (boot #%d, %s)", self.name, state.value, event.boot_count, detail)
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:  # a broken listener must not stop the supervisor
+                log.exception("%s: listener %r failed on %s", self.name, callback, event)
+        with self._cv:
+            if state is HostState.OFF:
+                self._ended_boot = event.boot_count
+            elif state is HostState.UP:
+                self._last_up_boot = event.boot_count
+            self._cv.notify_all()
+
+    def _supervise(self) -> None:
+        """One thread per host: boot whenever power is wanted, reboot after a reboot."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._want_on or self._closing)
+                if self._closing:
+                    return
+            if self._run_boot() in _REBOOT_CAUSES:
+                with self._cv:  # the boot delay; ends early on power-off or close
+                    self._cv.wait_for(lambda: self._closing or not self._want_on, self.boot_delay)
+
+    def _session_path(self) -> str:
+        return f"{self.state_dir / 'bin'}:{self.env.get('PATH', DEFAULT_PATH)}"
+
+    def _prepare_boot(self, notify_path: str) -> Path:
+        """Write this boot's files; return the init's config path."""
+        sd = self.state_dir
+        bin_dir = sd / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        power = bin_dir / "rc-power"
+        power.write_text(_POWER_SCRIPT)
+        power.chmod(0o755)
+        for name in _POWER_COMMANDS:
+            link = bin_dir / name
+            if not link.is_symlink():
+                link.symlink_to("rc-power")
+        (sd / "authorized_keys").write_text(self.network.client_public_key + "\n")
+        (sd / "sshd_config").write_text(
+            f"# Generated by {INIT_MARKER} for {self.name}; rewritten at every boot.\n"
+            f"ListenAddress {self.address}:22\n"
+            f"HostKey {sd / 'ssh_host_ed25519_key'}\n"
+            f"AuthorizedKeysFile {sd / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            # No PAM (no login stack to configure); StrictModes off because the state dir
+            # may sit under a world-writable /tmp (pytest's tmp_path).
+            "UsePAM no\nStrictModes no\nUseDNS no\nPidFile none\nPrintMotd no\nPrintLastLog no\n"
+            f"SetEnv PATH={self._session_path()}\n"
+            "Subsystem sftp internal-sftp\n")
+        boot_id_file = sd / "boot_id"
+        if boot_id_file.exists():
+            boot_id_file.chmod(0o644)
+        boot_id_file.write_text(self._boot_id + "\n")
+        boot_id_file.chmod(0o444)
+        with open(self.workload_log, "a") as f:
+            f.write(f"==== {self.name} boot #{self._boot_count} boot_id={self._boot_id} "
+                    f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ====\n")
+        config = {
+            "name": self.name, "notify_socket": notify_path, "sshd_config": str(sd / "sshd_config"),
+            "sshd_log": str(sd / "sshd.log"), "boot_id_file": str(boot_id_file),
+            "power_script": str(power), "workload": self.workload, "workload_log": str(self.workload_log),
+            "env": {"HOME": "/root", "LANG": "C.UTF-8", "HOSTNAME": self.name, **self.env,
+                    "PATH": self._session_path()},
+            "reboot_when_workload_exits": self.reboot_when_workload_exits,
+        }
+        path = sd / "boot.json"
+        path.write_text(json.dumps(config, indent=1))
+        return path
+
+    def _run_boot(self) -> str:
+        """Boot once and supervise until that boot ends; return why it ended."""
+        notify_path = str(self.state_dir / "notify")
+        with self._cv:
+            self._boot_count += 1
+            self._boot_id = str(uuid.uuid4())
+            self._pids = {}
+            self._pending_cause = None
+        started = time.monotonic()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            config = self._prepare_boot(notify_path)
+            self.link.set_power(True)
+            if os.path.exists(notify_path):
+                os.unlink(notify_path)
+            sock.bind(notify_path)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            argv = ["setpriv", "--pdeathsig", "KILL",  # harness dies -> unshare dies ->
+                    *netns.in_netns(self.netns,        # --kill-child kills the init -> host off
+                                    "unshare", "--pid", "--mount", "--uts", "--ipc", "--fork",
+                                    "--kill-child=SIGKILL", "--mount-proc", "--",
+                                    sys.executable, "-m", INIT_MARKER, str(config))]
+            init_env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8",
+                        "PYTHONPATH": str(Path(chaos.__file__).resolve().parent.parent)}
+            with open(self.state_dir / "init.log", "ab") as init_log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=init_log, stderr=init_log,
+                                        env=init_env, start_new_session=True)
+        except (OSError, ClusterError) as e:
+            sock.close()
+            with self._cv:
+                self._want_on = False
+            self._publish(HostState.OFF, f"boot failed before start: {e}")
+            return "failed"
+        with self._cv:
+            self._proc = proc
+            self._pids["unshare"] = proc.pid
+        self._publish(HostState.BOOTING, f"boot_id {self._boot_id}")
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            self._watch_boot(sock, pidfd, started)
+        finally:
+            os.close(pidfd)
+            sock.close()
+        with self._cv:
+            proc.wait()
+            cause = self._pending_cause or {-signal.SIGHUP: "reboot", -signal.SIGINT: "poweroff"}.get(
+                proc.returncode, f"init died (status {proc.returncode}); init.log: {_tail(self.state_dir / 'init.log', 3)}")
+            self._proc = None
+            if cause not in _REBOOT_CAUSES:
+                self._want_on = False  # before publishing: waiters must not see "off, coming back"
+        try:
+            self.link.set_power(False)
+        except ClusterError as e:
+            log.warning("%s: could not take eth0 down after power loss: %s", self.name, e)
+        self._publish(HostState.OFF, cause)
+        return cause
+
+    def _watch_boot(self, sock: socket.socket, pidfd: int, started: float) -> None:
+        """Read the init's and sshd's reports until the boot's unshare process exits."""
+        deadline = started + self.boot_timeout
+        ready = timed_out = False
+        while True:
+            timeout = None if ready or timed_out else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([sock, pidfd], [], [], timeout)
+            if sock in readable:
+                msg, pid = _recv_with_pid(sock)
+                for line in msg.splitlines():
+                    key = line.partition("=")[0]
+                    with self._cv:
+                        if key == "INIT":
+                            self._pids["init"] = pid
+                        elif key == "WORKLOAD":
+                            self._pids["workload"] = pid
+                        elif key == "READY":
+                            self._pids["sshd"] = pid
+                        self._cv.notify_all()
+                    if key == "READY" and not ready:
+                        ready = True
+                        self._publish(HostState.UP, f"sshd ready {time.monotonic() - started:.2f}s after power-on")
+                    elif key == "ERROR":
+                        log.error("%s: init failed: %s", self.name, line[6:])
+                continue
+            if pidfd in readable:
+                return
+            if not readable:  # boot deadline passed with sshd silent
+                with self._cv:
+                    init = self._pids.get("init")
+                    self._want_on = False
+                    self._pending_cause = (f"boot timeout: sshd not ready {self.boot_timeout:.1f}s after power-on; "
+                                           f"sshd.log: {_tail(self.state_dir / 'sshd.log', 3)}; "
+                                           f"init.log: {_tail(self.state_dir / 'init.log', 3)}")
+                os.kill(init if init else self._pids["unshare"], signal.SIGKILL)
+                timed_out = True  # now wait for the exit
+
+
+def _recv_with_pid(sock: socket.socket) -> tuple[str, int]:
+    """One datagram and the sender's PID as the kernel translates it into our namespace."""
+    data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(struct.calcsize("iII")))
+    pid = 0
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("iII", payload[:struct.calcsize("iII")])[0]
+    return data.decode(errors="replace"), pid
+
+
+class TestHostNetwork:
+    """The bridge, addresses, SSH keys and known_hosts file shared by a set of test hosts.
+
+    The head (or anything in the root namespace) reaches hosts at the bridge address
+    ``head_address``; hosts get the following addresses in ``subnet`` and have no route out.
+    ``ssh_key_path`` (default: in state_dir) is the private key that logs in as root on
+    every host: keep it out of published report artefacts.
+    """
+
+    __test__ = False
+
+    def __init__(self, state_dir: str | os.PathLike = "reports/hosts", bridge: str = DEFAULT_BRIDGE,
+                 subnet: str = DEFAULT_SUBNET, boot_delay: float = 1.0, boot_timeout: float = 15.0,
+                 ssh_key_path: str | os.PathLike | None = None):
+        if not re.fullmatch(r"[a-zA-Z0-9_-]{1,9}", bridge):
+            raise ValueError(f"bridge name {bridge!r}: use 1-9 letters, digits, '-' or '_' (veth names derive from it)")
+        self.bridge = netns.Bridge(bridge, *self._split(subnet))
+        self.subnet = ipaddress.IPv4Network(subnet)
+        self.state_dir = Path(state_dir).resolve()
+        self.ssh_key_path = Path(ssh_key_path).resolve() if ssh_key_path else self.state_dir / "id_ed25519"
+        self.boot_delay = boot_delay
+        self.boot_timeout = boot_timeout
+        self.hosts: dict[str, TestHost] = {}
+        self._lock = threading.Lock()
+        self.client_public_key = ""
+
+    @staticmethod
+    def _split(subnet: str) -> tuple[ipaddress.IPv4Address, int]:
+        net = ipaddress.IPv4Network(subnet)
+        if net.num_addresses < 4:
+            raise ValueError(f"subnet {subnet} is too small for a bridge address and a host")
+        return next(net.hosts()), net.prefixlen
+
+    @property
+    def head_address(self) -> str:
+        return str(self.bridge.address)
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    def up(self) -> "TestHostNetwork":
+        """Create bridge and client key. Idempotent; TestHostUnsupported if not possible here."""
+        require_testhosts()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.client_public_key = ensure_ed25519_key(self.ssh_key_path, "ray-chaos-harness")
+        self.bridge.up()
+        return self
+
+    def add_host(self, name: str, workload: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 *, boot_delay: float | None = None, reboot_when_workload_exits: bool = False) -> TestHost:
+        """Create a host's network and state (not booted). ``name`` is its hostname."""
+        if not _HOSTNAME_RE.match(name):
+            raise ValueError(f"host name {name!r}: use 1-32 lowercase letters, digits and '-'")
+        if not self.client_public_key:
+            raise ClusterError("TestHostNetwork.up() must run before add_host()")
+        with self._lock:
+            if name in self.hosts:
+                raise ValueError(f"host {name!r} already exists on {self.bridge.name}")
+            used = {h.link.address for h in self.hosts.values()} | {self.bridge.address}
+            free = (a for a in self.subnet.hosts() if a not in used)
+            address = next(free, None)
+            if address is None:
+                raise ClusterError(f"no free address left in {self.subnet} for host {name}")
+            state_dir = self.state_dir / name
+            if len(str(state_dir / "notify")) > 107:  # sun_path limit for the notify socket
+                raise ValueError(f"state dir {state_dir} is too long for a unix socket path; use a shorter state_dir")
+            index = int(address) - int(self.subnet.network_address)
+            link = netns.HostLink(netns=f"{self.bridge.name}-{name}", veth=f"{self.bridge.name}v{index}",
+                                  address=address, prefixlen=self.subnet.prefixlen, bridge=self.bridge.name)
+            link.create()
+            link.set_power(False)
+            state_dir.mkdir(parents=True, exist_ok=True)
+            host = TestHost(self, name, link, state_dir, workload, env,
+                            self.boot_delay if boot_delay is None else boot_delay, self.boot_timeout,
+                            reboot_when_workload_exits)
+            self.hosts[name] = host
+            self._write_known_hosts()
+            return host
+
+    def remove_host(self, name: str, timeout: float = 10.0) -> None:
+        """Power a host off and remove its network (its state dir, host key included, stays)."""
+        with self._lock:
+            host = self.hosts.pop(name)
+            self._write_known_hosts()
+        try:
+            host.close(timeout)
+        finally:
+            _kill_and_wait(netns.netns_pids(host.netns), timeout, f"processes left in netns {host.netns}")
+            host.link.destroy()
+
+    def _write_known_hosts(self) -> None:
+        lines = [f"{h.address} {' '.join(h.host_key.split()[:2])}" for h in self.hosts.values()]
+        self.known_hosts_path.write_text("".join(line + "\n" for line in lines))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Power off every host and remove veths, netns and bridge; files stay in state_dir."""
+        errors = []
+        for name in list(self.hosts):
+            try:
+                self.remove_host(name, timeout)
+            except Exception as e:  # keep tearing down the rest; report all at the end
+                errors.append(f"{name}: {e}")
+        self.bridge.down()
+        if errors:
+            raise ClusterError("test host teardown incomplete: " + "; ".join(errors))
+
+    def __enter__(self) -> "TestHostNetwork":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def sweep(bridge: str = DEFAULT_BRIDGE, timeout: float = 10.0) -> list[str]:
+        """Remove what a crashed session left of network ``bridge``: processes in its
+        hosts' netns (by PID), partition rules, veths, netns and the bridge. Returns what went."""
+        removed = []
+        # veths first: a deleted netns takes its veth along only asynchronously.
+        for port in sorted(os.listdir(f"/sys/class/net/{bridge}/brif")) if netns.link_exists(bridge) else []:
+            netns.run_cmd(["ip", "link", "del", port])
+            removed.append(f"veth {port}")
+        for ns in netns.netns_names(f"{bridge}-"):
+            pids = netns.netns_pids(ns)
+            _kill_and_wait(pids, timeout, f"processes in netns {ns}")
+            netns.run_cmd(["ip", "netns", "del", ns])
+            removed.append(f"netns {ns}" + (f" (killed PIDs {pids})" if pids else ""))
+        if netns.link_exists(bridge):
+            netns.run_cmd(["ip", "link", "del", bridge])
+            removed.append(f"bridge {bridge}")
+        return removed
+
+
+def _kill_and_wait(pids: Sequence[int], timeout: float, what: str) -> None:
+    """SIGKILL ``pids`` and wait (pidfd, no polling) until each is gone."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            if not select.select([fd], [], [], timeout)[0]:
+                raise WaitTimeout(f"awaited exit of {what} (PID {pid}) for {timeout:.1f}s; still running")
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+
+# --- the init: PID 1 inside a test host ------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MNT_DETACH = 2, 4, 4096, 2
+
+
+def _mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
+    if _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                   data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def _prepare_namespace(cfg: dict) -> None:
+    """Make the fresh mount/UTS namespaces look like this host's machine."""
+    socket.sethostname(cfg["name"])
+    # A private /run. Detach our copies of the machine's /run mounts first: copies of
+    # /run/netns/* would keep other hosts' network namespaces alive after their teardown.
+    with open("/proc/self/mountinfo") as f:
+        targets = sorted({line.split()[4] for line in f}, key=len)
+    for target in targets:
+        if target == "/run" or target.startswith("/run/"):
+            _libc.umount2(target.encode(), _MNT_DETACH)  # EINVAL once a parent went: fine
+    _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    os.mkdir("/run/sshd", 0o755)
+    _mount(cfg["boot_id_file"], "/proc/sys/kernel/random/boot_id", flags=_MS_BIND)
+    # Root's home shows the real one (the venv's interpreter may live there) but writes
+    # land in this boot's /run: a session cut off by a power loss must not leave the real
+    # home half-written (e.g. a stale lock file of a shell's rc script hanging every shell).
+    os.makedirs("/run/rc-home/upper")
+    os.makedirs("/run/rc-home/work")
+    _mount("overlay", "/root", "overlay", 0, "lowerdir=/root,upperdir=/run/rc-home/upper,workdir=/run/rc-home/work")
+    # Shadow the real machine's power commands: they must reach this host's init only.
+    seen = set()
+    for directory in DEFAULT_PATH.split(":"):
+        for name in _POWER_COMMANDS:
+            real = os.path.realpath(os.path.join(directory, name))
+            if os.path.isfile(real) and real not in seen:
+                seen.add(real)
+                _mount(cfg["power_script"], real, flags=_MS_BIND)
+
+
+def _power(request: int) -> None:
+    if os.getpid() == 1:  # reboot(2) outside a child PID namespace would hit the real machine
+        _libc.reboot(request)
+    os._exit(1)
+
+
+def _init_main(config_path: str) -> None:
+    """PID 1 of a test host: set up, start sshd and the workload, reap, obey power requests."""
+    if os.getpid() != 1:
+        sys.exit(f"{INIT_MARKER} init must run as PID 1 of a fresh PID namespace")
+    cfg = json.loads(Path(config_path).read_text())
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.connect(cfg["notify_socket"])
+    notify.send(b"INIT=1")
+    signal.signal(REBOOT_SIGNAL, lambda *_: _power(_RB_AUTOBOOT))
+    signal.signal(POWEROFF_SIGNAL, lambda *_: _power(_RB_POWER_OFF))
+    try:
+        _prepare_namespace(cfg)
+        with open(cfg["sshd_log"], "ab") as sshd_log:
+            sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", cfg["sshd_config"]], stdin=subprocess.DEVNULL,
+                                    stdout=sshd_log, stderr=sshd_log,
+                                    env={"PATH": DEFAULT_PATH, "NOTIFY_SOCKET": cfg["notify_socket"]})
+    except Exception as e:
+        notify.send(f"ERROR={e}".encode())
+        raise
+    workload = None
+    if cfg["workload"]:
+        with open(cfg["workload_log"], "ab") as out:
+            try:
+                workload = subprocess.Popen(cfg["workload"], stdin=subprocess.DEVNULL, stdout=out,
+                                            stderr=subprocess.STDOUT, env=cfg["env"], cwd="/root",
+                                            preexec_fn=lambda: notify.send(b"WORKLOAD=1"))
+            except OSError as e:  # like a failing service: the machine itself stays up
+                out.write(f"cannot start workload {cfg['workload']}: {e}\n".encode())
+                print(f"{cfg['name']}: cannot start workload: {e}", file=sys.stderr, flush=True)
+                if cfg["reboot_when_workload_exits"]:
+                    _power(_RB_AUTOBOOT)
+    print(f"{cfg['name']}: sshd PID {sshd.pid}, workload PID {workload.pid if workload else None}",
+          file=sys.stderr, flush=True)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            signal.pause()
+            continue
+        if workload is not None and pid == workload.pid:
+            print(f"{cfg['name']}: workload exited ({os.waitstatus_to_exitcode(status)})", file=sys.stderr, flush=True)
+            if cfg["reboot_when_workload_exits"]:
+                _power(_RB_AUTOBOOT)
+        elif pid == sshd.pid:
+            print(f"{cfg['name']}: sshd exited ({os.waitstatus_to_exitcode(status)})", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    _init_main(sys.argv[1])
