@@ -95,7 +95,10 @@ class Experiment:
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, transport_for=env.transport_for,
                            host_name_for=env.host_name_for)
-        run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir)
+        fault_env: dict[str, str] = {}
+        for _, fault in self.faults:
+            fault_env.update(fault.run_env())
+        run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
         env.cluster.watch(self.timeline)
@@ -121,8 +124,11 @@ class Experiment:
                     r.parameter(f"target {i}", target.describe())
                 if env.dry_run:
                     continue
-                with r.step(f"fault {i}: detect (Ray marks node {target.node_id[:8]} DEAD)"):
+                with r.step(f"fault {i}: detect" + (f" (Ray marks node {target.node_id[:8]} DEAD)" if fault.kills_node
+                                                    else f" (Train sees rank {target.rank} fail)")):
                     self._detect(fault, target)
+                if fault.one_shot:  # disarm before the next attempt can start, or it would fail again
+                    self._revert_all(ctx)
                 with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
                     self._recover()
                 self._revert_all(ctx)
@@ -150,7 +156,7 @@ class Experiment:
             return target
         entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(target), test=self.test_id)
         self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(), ledger_id=entry,
-                           description=fault.describe())
+                           description=fault.describe(), detect_by="node" if fault.kills_node else "train")
         try:
             details = fault.inject(ctx, target)
         except Exception as e:
@@ -162,25 +168,24 @@ class Experiment:
         return target
 
     def _detect(self, fault: Fault, target: Target) -> None:
-        if not fault.kills_node:
-            return
-        dead = self.timeline.wait_for(
-            lambda ev: next((e for e in ev if e.kind == "node_dead" and e.data.get("node_id") == target.node_id), None),
-            self.env.timeouts.detect_s, f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD")
-        self.reporter.say(f"node {target.node_id[:8]} DEAD ({dead.data.get('death_reason')})")
+        fault_t = self.timeline.of("fault_injected")[-1].t
+        what = (f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD" if fault.kills_node
+                else f"Train to see rank {target.rank} fail")
+        seen = self.timeline.wait_for(lambda ev: fault.detected(ev, target, fault_t),
+                                      self.env.timeouts.detect_s + (getattr(fault, "collective_timeout_s", None) or 0),
+                                      what)
+        self.reporter.say(f"detected: {seen.describe()} {seen.data.get('death_reason') or ''}")
 
     def _recover(self) -> None:
         fault_t = self.timeline.of("fault_injected")[-1].t
 
         def recovered(events):
-            for e in events:
-                if e.t < fault_t:
-                    continue
-                if e.kind == "run_finished" or e.kind == "job_finished":
-                    return e
-                if e.kind == "attempt_started":
-                    return next((x for x in events if x.kind == "report" and x.attempt == e.attempt), None)
-            return None
+            later = [e for e in events if e.t >= fault_t]
+            for a in (e for e in later if e.kind == "attempt_started"):
+                first = next((x for x in later if x.kind == "report" and x.attempt == a.attempt), None)
+                if first is not None:
+                    return first
+            return next((e for e in later if e.kind in ("run_finished", "job_finished")), None)
 
         e = self.timeline.wait_for(recovered, self.env.timeouts.recover_s,
                                    "the next attempt's first report (or the run's end)")

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,8 @@ class Chaos:
 
     def workload(self, **params) -> RunSpec:
         """The reference workload with ``params`` — or the user's own script if given."""
-        name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_")
+        # Unique per call: Train resumes from any checkpoint already under storage/name.
+        name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_") + "-" + uuid.uuid4().hex[:6]
         if self.user_workload:
             return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
                              working_dir=self._opt("chaos_workload_dir"))

@@ -174,11 +174,19 @@ class RecoveryMetrics:
 
 
 def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
-    """For every injected fault: fault → node DEAD → next attempt → its first report."""
+    """For every injected fault: fault → detected → next attempt → its first report.
+
+    Detected means the target node marked DEAD, or — for faults that leave the node up
+    (``detect_by == "train"``, e.g. a CUDA error) — Train seeing a worker fail.
+    """
     out = []
     for fault in timeline.of("fault_injected"):
         node_id = (fault.data.get("target") or {}).get("node_id")
-        dead = timeline.first("node_dead", after=fault.t, where=lambda e: node_id is None or e.data.get("node_id") == node_id)
+        if fault.data.get("detect_by") == "train":
+            dead = timeline.first("worker_error", after=fault.t) or timeline.first("failure_decision", after=fault.t)
+        else:
+            dead = timeline.first("node_dead", after=fault.t,
+                                  where=lambda e: node_id is None or e.data.get("node_id") == node_id)
         restart = timeline.first("attempt_started", after=fault.t)
         first_report = None
         if restart is not None:

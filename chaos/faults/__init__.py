@@ -1,9 +1,10 @@
 """Injectable faults, one module per family."""
 
 from chaos.faults.base import Fault, FaultContext, Target
+from chaos.faults.cuda import CudaFault
 from chaos.faults.raylet import RayletKill
 
-FAULTS = {RayletKill.kind: RayletKill}
+FAULTS = {RayletKill.kind: RayletKill, CudaFault.kind: CudaFault}
 
 
 def make(kind: str, **kwargs) -> Fault:

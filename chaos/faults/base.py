@@ -47,6 +47,8 @@ class Fault(abc.ABC):
     budget_class: str | None = "worker_group"
     #: whether the fault takes the node down (so detection means "node DEAD")
     kills_node: bool = True
+    #: whether the fault is disarmed as soon as it is detected (it would hit every new attempt otherwise)
+    one_shot: bool = False
 
     @abc.abstractmethod
     def resolve(self, ctx: FaultContext) -> Target: ...
@@ -54,6 +56,14 @@ class Fault(abc.ABC):
     @abc.abstractmethod
     def inject(self, ctx: FaultContext, target: Target) -> dict:
         """Inject; return details for the timeline.  Raise InjectionError on failure."""
+
+    def run_env(self) -> dict[str, str]:
+        """Environment the run must be started with for this fault to be injectable."""
+        return {}
+
+    def detected(self, events, target: Target, fault_t: float):
+        """The event that shows Ray noticed the fault (default: the node marked DEAD)."""
+        return next((e for e in events if e.kind == "node_dead" and e.data.get("node_id") == target.node_id), None)
 
     def revert_plan(self, target: Target) -> dict:
         """How to undo this fault, written to the ledger before injecting."""

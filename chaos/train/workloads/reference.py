@@ -18,6 +18,23 @@ import tempfile
 import time
 
 
+def _device_step(driver) -> None:
+    """One step on the (stub) GPU.  A failed step is retried once in the same process,
+    as a naive script would: a sticky error makes the retry fail too, which is the
+    evidence that the process could not go on and had to be replaced."""
+    from chaos.shim.driver_client import CudaDriverError
+
+    try:
+        driver.step()
+    except CudaDriverError as first:
+        try:
+            driver.step()
+        except CudaDriverError as again:
+            raise RuntimeError(f"{first}; retrying the step in the same process failed too ({again}): "
+                               "the CUDA context is unusable") from first
+        print(f"CUDA step failed once ({first}) and succeeded on retry in the same process", flush=True)
+
+
 def train_loop(config: dict) -> None:
     import torch
 
@@ -55,7 +72,7 @@ def train_loop(config: dict) -> None:
         loss.backward()
         optimizer.step()
         if driver is not None:
-            driver.step()
+            _device_step(driver)
         time.sleep(config["step_time"])  # stands in for the rest of a real step's compute
         metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time()}
         if step % config["checkpoint_every"] == 0 and rank == 0:
@@ -82,13 +99,18 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    # A hang must be caught by a timeout the run configures: the process group's.
+    timeout = os.environ.get("CHAOS_COLLECTIVE_TIMEOUT_S")
+    torch_config = TorchConfig(timeout_s=int(float(timeout))) if timeout else TorchConfig()
 
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
                            "step_time": args.step_time, "device": args.device},
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=False),
+        torch_config=torch_config,
         run_config=RunConfig(
             name=args.name,
             storage_path=args.storage_path,
