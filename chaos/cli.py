@@ -1,4 +1,4 @@
-"""`ray-chaos`: the harness's command line (report, ledger)."""
+"""`ray-chaos`: the harness's command line (report, ledger, sweep)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,21 @@ def _ledger(args) -> int:
     return 1 if entries and not args.all else 0
 
 
+def _sweep(args) -> int:
+    from chaos.ledger import sweep
+    from chaos.transport.local import LocalTransport
+
+    transport_for = lambda ip: LocalTransport(ip)  # noqa: E731
+    if args.profile:
+        from chaos.environments import profile_transports
+        from chaos.profile import load_profile
+
+        transport_for = profile_transports(load_profile(args.profile))
+    left = sweep(Ledger(Path(args.ledger)), transport_for)
+    print(f"sweep: {len(left)} fault(s) could not be reverted" if left else "sweep: nothing left armed")
+    return 1 if left else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ray-chaos", description="Chaos testing for Ray Train on real Ray clusters.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -29,7 +44,18 @@ def main(argv=None) -> int:
     l = sub.add_parser("ledger", help="list faults that were injected and not reverted")
     l.add_argument("--path", default="reports/ledger.jsonl")
     l.add_argument("--all", action="store_true", help="every entry, reverted ones too")
+    w = sub.add_parser("sweep", help="revert whatever a killed session left armed (from the ledger)")
+    w.add_argument("--profile", default=None, help="profile of the cluster (how to reach its hosts)")
+    w.add_argument("--ledger", default="reports/ledger.jsonl")
     args = p.parse_args(argv)
+    if args.cmd == "sweep":
+        from chaos.errors import ChaosError
+
+        try:
+            return _sweep(args)
+        except ChaosError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.cmd == "report":
         from chaos.allure_site import main as report_main
 

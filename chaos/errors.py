@@ -42,3 +42,8 @@ class VerificationError(ChaosError, AssertionError):
     def __init__(self, message, verdicts=()):
         super().__init__(message)
         self.verdicts = list(verdicts)
+
+
+class Aborted(ChaosError):
+    """A stop condition fired (the cluster got less healthy than the profile allows):
+    the chaos was reverted and the test is aborted — not failed."""

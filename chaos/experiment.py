@@ -17,7 +17,7 @@ from typing import Callable
 
 from chaos import plot, summary
 from chaos.cluster import ClusterView
-from chaos.errors import InjectionError, WaitTimeout
+from chaos.errors import ChaosError, InjectionError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Target
 from chaos.ledger import Ledger
 from chaos.report import Reporter
@@ -50,10 +50,25 @@ class Environment:
     backend: str
     transport_for: Callable
     host_name_for: Callable = lambda ip: None
+    console_for: Callable = lambda ip: None
+    fresh_transport_for: Callable | None = None
+    python: str = "python3"
     healthy_workers: Callable[[], tuple[bool, str]] = lambda: (True, "no node health check for this backend")
     wait_healed: Callable[[float], None] = lambda timeout: None
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     dry_run: bool = False
+    storage_path: str = "reports/storage"
+    check_target: Callable = lambda target: None  # raises (safety.TargetRefused) when a target is not allowed
+    live_faults: object = None  # safety.LiveFaults, when the cluster limits live faults
+    properties: dict = dataclasses.field(default_factory=dict)  # environment.properties for the report
+    abort_reason: str | None = None
+    _timelines: list = dataclasses.field(default_factory=list)
+
+    def abort(self, reason: str) -> None:
+        """Stop every experiment's waits at once (the health guard's stop condition)."""
+        self.abort_reason = reason
+        for timeline in list(self._timelines):
+            timeline.abort(reason)
 
 
 @dataclasses.dataclass
@@ -84,17 +99,22 @@ class Experiment:
         self.timeline = Timeline()
         self.slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id.split("::")[-1])[:80]
         self.dir = Path(env.out_dir) / "runs" / f"{self.slug}-{time.strftime('%Y%m%d-%H%M%S')}"
-        self._armed: list[tuple[Fault, Target, str]] = []
+        self._armed: list[tuple[Fault, Target, str, object]] = []
+        self._targets: list[Target] = []
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
         self.dir.mkdir(parents=True, exist_ok=True)
+        env._timelines.append(self.timeline)
+        if env.abort_reason:
+            self.timeline.abort(env.abort_reason)
         kinds = sorted({f.kind for _, f in self.faults})
         r.labels(",".join(kinds), env.backend, self.slug)
         for k, v in self.spec.params.items():
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, transport_for=env.transport_for,
-                           host_name_for=env.host_name_for)
+                           host_name_for=env.host_name_for, console_for=env.console_for,
+                           fresh_transport_for=env.fresh_transport_for, python=env.python)
         fault_env: dict[str, str] = {}
         for _, fault in self.faults:
             fault_env.update(fault.run_env())
@@ -121,12 +141,14 @@ class Experiment:
                 with r.step(f"fault {i}: inject {fault.describe()}"):
                     target = self._inject(ctx, fault)
                     targets.append(target)
+                    self._targets.append(target)
                     r.parameter(f"target {i}", target.describe())
                 if env.dry_run:
                     continue
                 with r.step(f"fault {i}: detect" + (f" (Ray marks node {target.node_id[:8]} DEAD)" if fault.kills_node
                                                     else f" (Train sees rank {target.rank} fail)")):
                     self._detect(fault, target)
+                    fault.after_detect(ctx, target)
                 if fault.one_shot:  # disarm before the next attempt can start, or it would fail again
                     self._revert_all(ctx)
                 with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
@@ -142,6 +164,7 @@ class Experiment:
             self._revert_all(ctx)
             run.stop()
             env.cluster.stop_watching()
+            env._timelines.remove(self.timeline)
             heal_verdict = self._heal()
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
@@ -151,9 +174,18 @@ class Experiment:
     # -- phases ------------------------------------------------------------------
     def _inject(self, ctx: FaultContext, fault: Fault) -> Target:
         target = fault.resolve(ctx)
+        try:
+            self.env.check_target(target)
+        except ChaosError as e:
+            if self.env.dry_run:
+                self.reporter.say(f"DRY RUN: {fault.describe()} into {target.describe()} would be REFUSED: {e}")
+                return target
+            raise
         if self.env.dry_run:
-            self.reporter.say(f"DRY RUN: would inject {fault.describe()} into {target.describe()}")
+            self.reporter.say(f"DRY RUN: would inject {fault.describe()} into {target.describe()}; "
+                              f"revert: {fault.revert_plan(target)}")
             return target
+        slot = self.env.live_faults.acquire(fault.describe()) if self.env.live_faults is not None else None
         entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(target), test=self.test_id)
         self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(), ledger_id=entry,
                            description=fault.describe(), detect_by="node" if fault.kills_node else "train")
@@ -161,9 +193,11 @@ class Experiment:
             details = fault.inject(ctx, target)
         except Exception as e:
             self.env.ledger.mark(entry, "failed", error=str(e))
+            if slot is not None:
+                self.env.live_faults.release(slot)
             raise InjectionError(f"injection failed: {fault.describe()} into {target.describe()}: {e}") from e
         self.env.ledger.mark(entry, "injected", **details)
-        self._armed.append((fault, target, entry))
+        self._armed.append((fault, target, entry, slot))
         self.reporter.say(f"injected {fault.describe()} into {target.describe()}: {details}")
         return target
 
@@ -193,7 +227,9 @@ class Experiment:
 
     def _revert_all(self, ctx: FaultContext) -> None:
         while self._armed:
-            fault, target, entry = self._armed.pop()
+            fault, target, entry, slot = self._armed.pop()
+            if slot is not None:
+                self.env.live_faults.release(slot)
             try:
                 did = fault.revert(ctx, target)
                 self.env.ledger.mark(entry, "reverted" if did else "nothing-to-revert")
@@ -240,6 +276,17 @@ class Experiment:
             r.attach_json("nodes after", self.env.cluster.table())
             r.attach_file("job log", run.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])
+            evidence = {f.describe(): f.evidence for _, f in self.faults if getattr(f, "evidence", None)}
+            if evidence:
+                r.attach_json("fault evidence (boot ids, node ids)", evidence)
+            transcript = []
+            for ip in sorted({t.node_ip for t in self._targets}):
+                for entry in getattr(self.env.transport_for(ip), "transcript", []):
+                    cmd = entry.command if len(entry.command) < 200 else entry.command[:200] + " …"
+                    transcript.append(f"{time.strftime('%H:%M:%S', time.localtime(entry.time))} {entry.host} $ {cmd}"
+                                      f" -> exit {entry.exit_code} {entry.error or ''} {entry.note}".rstrip())
+            if transcript:
+                r.attach_text("SSH transcript", "\n".join(transcript))
             png = plot.render_timeline(self.timeline, self.dir / "timeline.png", title=self.slug)
             r.attach_png("timeline", png)
             started = self.timeline.first("controller_started")

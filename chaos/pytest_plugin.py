@@ -8,27 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import time
+import signal
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 from chaos import summary
-from chaos.errors import ChaosError, ClusterError
-from chaos.experiment import Environment, Experiment, Outcome, Timeouts
+from chaos.errors import Aborted
+from chaos.experiment import Environment, Experiment, Outcome
 from chaos.faults.raylet import RayletKill
-from chaos.ledger import Ledger
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
-from chaos.transport.local import LocalTransport
 from chaos.verify import Expectation
 
 log = logging.getLogger(__name__)
 
 _RECORDS = pytest.StashKey[dict]()  # nodeid -> Experiment, for reports/summary.json
-_OUTCOME = pytest.StashKey[str]()  # passed | failed (a verdict) | broken (the harness)
+_OUTCOME = pytest.StashKey[str]()
+_PROFILE = pytest.StashKey[object]()  # passed | failed (a verdict) | broken (the harness)
 
 
 def pytest_addoption(parser):
@@ -41,6 +40,11 @@ def pytest_addoption(parser):
     g.addoption("--chaos-step-metric", default="step", metavar="NAME",
                 help="the reported metric that counts training steps (default: step)")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (>= 3)")
+    g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
+                help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")
+    g.addoption("--chaos-hosts", choices=["auto", "plain", "namespaces"], default="auto",
+                help="embedded workers as loopback processes (plain) or test hosts with their own network/PID "
+                     "namespaces, sshd and boot id (namespaces, needs root); auto picks namespaces when possible")
     g.addoption("--chaos-node-recovery", choices=["automatic", "off"], default="automatic",
                 help="embedded cluster: bring a node whose raylet died back, as SageMaker HyperPod does")
     g.addoption("--chaos-recovery-delay", type=float, default=2.0, metavar="S",
@@ -51,6 +55,8 @@ def pytest_addoption(parser):
     g.addoption("--chaos-raylet-kill", choices=list(RayletKill.METHODS), default="grpc",
                 help="raylet kill through Ray's ShutdownRaylet gRPC, or SIGKILL of the raylet PID")
     g.addoption("--chaos-reports", default="reports", metavar="DIR", help="where run artefacts go")
+    g.addoption("--chaos-profile", default=None, metavar="YAML",
+                help="run against the cluster this profile describes instead of the embedded cluster")
     g.addoption("--chaos-dry-run", action="store_true",
                 help="resolve and print every target and action, inject nothing")
 
@@ -71,6 +77,21 @@ def pytest_configure(config):
     if workdir is not None and not Path(workdir).is_dir():
         raise pytest.UsageError(f"--chaos-workload-dir {workdir}: not a directory")
     config.stash[_RECORDS] = {}
+    if config.getoption("chaos_profile"):
+        from chaos.errors import ProfileError
+        from chaos.profile import load_profile
+
+        try:
+            config.stash[_PROFILE] = load_profile(config.getoption("chaos_profile"))
+        except ProfileError as e:
+            raise pytest.UsageError(f"--chaos-profile: {e}") from e
+    # SIGTERM (CI cancelling the job) must run the same cleanup as Ctrl-C: revert, stop, heal.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -85,72 +106,41 @@ def pytest_collection_modifyitems(config, items):
 # -- the cluster -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def chaos_env(request) -> Environment:
-    """The cluster under test: the embedded cluster (no profile)."""
-    import ray
-
-    import chaos
+    """The cluster under test: the one --chaos-profile describes, else the embedded cluster."""
     from chaos.allure_site import write_environment
-    from chaos.cluster import ClusterView
-    from chaos.embedded.cluster import HEAD_IP, EmbeddedCluster, EmbeddedConfig
+    from chaos.embedded.cluster import EmbeddedConfig
+    from chaos.embedded.testhost import testhosts_supported
+    from chaos.environments import embedded_environment, profile_environment
 
     opt = request.config.getoption
     out = Path(opt("chaos_reports")).resolve()
-    cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
-                         recovery_delay_s=opt("chaos_recovery_delay"), base_dir=out / "embedded")
     reporter = Reporter()
-    reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers on 127.0.1.x "
-                 f"(node recovery {'automatic' if cfg.node_recovery else 'off'})")
-    t0 = time.monotonic()
-    cluster = EmbeddedCluster(cfg).up()
-    try:
-        ray.init(address=cluster.gcs_address, _node_ip_address=HEAD_IP, namespace="ray-chaos",
-                 runtime_env={"py_modules": [os.path.dirname(chaos.__file__)]}, log_to_driver=False,
-                 logging_level=logging.WARNING)
-        view = ClusterView(cluster.dashboard_url, cluster.gcs_address, HEAD_IP)
-        head = next(n for n in view.nodes() if n.is_head)
-        reporter.say(f"embedded cluster up in {time.monotonic() - t0:.1f} s: {cluster.dashboard_url}")
+    profile = request.config.stash.get(_PROFILE, None)
+    if profile is not None:
+        reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
+                     + (" (DRY RUN: nothing will be injected)" if opt("chaos_dry_run") else ""))
+        context = profile_environment(profile, out, dry_run=opt("chaos_dry_run"), reporter=reporter)
+    else:
+        hosts = opt("chaos_hosts")
+        supported, why = testhosts_supported()
+        if hosts == "namespaces" and not supported:
+            pytest.exit(f"--chaos-hosts namespaces: test hosts are not possible here: {why}", returncode=4)
+        if hosts == "auto":
+            hosts = "namespaces" if supported else "plain"
+        cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
+                             recovery_delay_s=opt("chaos_recovery_delay"), base_dir=out / "embedded", hosts=hosts,
+                             gpus_per_worker=opt("chaos_gpus_per_worker"))
+        where = ("test hosts in namespaces on " + cfg.subnet if hosts == "namespaces"
+                 else "loopback processes on 127.0.1.x" + ("" if supported else f" (no test hosts: {why})"))
+        reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
+                     f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
+        context = embedded_environment(out, cfg, dry_run=opt("chaos_dry_run"), reporter=reporter)
+    with context as env:
         results = request.config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)
-            write_environment(results, _environment_props(cluster))
-
-        def healthy():
-            alive = {n.node_id for n in view.alive_workers()}
-            down = [h.name for h in cluster.hosts if h.node_id not in alive]
-            return (not down, f"all {len(cluster.hosts)} worker hosts alive" if not down else f"hosts down: {down}")
-
-        def wait_healed(timeout):
-            cluster.wait_workers_alive(timeout)
-
-        env = Environment(
-            cluster=view, head_node_id=head.node_id, ledger=Ledger(out / "ledger.jsonl"), out_dir=out,
-            backend="embedded", transport_for=lambda ip: LocalTransport(ip),
-            host_name_for=lambda ip: next((h.name for h in cluster.hosts if h.ip == ip), None),
-            healthy_workers=healthy, wait_healed=wait_healed, dry_run=opt("chaos_dry_run"),
-        )
-        env.embedded = cluster
+            write_environment(results, env.properties)
         yield env
-    finally:
-        ray.shutdown()
-        cluster.down()
-        reporter.say("embedded cluster stopped")
-
-
-def _environment_props(cluster) -> dict:
-    import ray
-
-    h = cluster.config.health
-    return {
-        "ray.version": ray.__version__,
-        "cluster": "embedded",
-        "nodes": f"1 head + {len(cluster.hosts)} workers",
-        "node.recovery": f"{'automatic' if cluster.config.node_recovery else 'off'} "
-                         f"(delay {cluster.config.recovery_delay_s} s)",
-        "health_check_period_ms": h.period_ms,
-        "health_check_timeout_ms": h.timeout_ms,
-        "health_check_failure_threshold": h.failure_threshold,
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-    }
 
 
 # -- what suites use ---------------------------------------------------------------
@@ -177,19 +167,37 @@ class Chaos:
         if self.user_workload:
             return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
                              working_dir=self._opt("chaos_workload_dir"))
-        return reference_spec(name, str(self.env.out_dir / "storage"), **params)
+        profile = getattr(self.env, "profile", None)
+        if profile is not None and profile.workload.kind == "entrypoint":
+            w = profile.workload
+            spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir)
+            spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
+            return spec
+        return reference_spec(name, self.env.storage_path, **params)
 
     def raylet_kill(self, rank: int = 1) -> RayletKill:
         return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
 
-    def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False) -> Expectation:
+    def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
+               fault_kind: str | None = None) -> Expectation:
+        """SLOs from the profile's entry for ``fault_kind`` when a profile is used, else the options."""
+        detect, recover = self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover")
+        profile = getattr(self.env, "profile", None)
+        if profile is not None and fault_kind:
+            detect, recover = profile.slo_for(fault_kind)
         return Expectation(charged=charged or {}, budget_exhausted=budget_exhausted,
-                           slo_detect_s=self._opt("chaos_slo_detect"), slo_recover_s=self._opt("chaos_slo_recover"))
+                           slo_detect_s=detect, slo_recover_s=recover)
 
     def run(self, workload: RunSpec, faults: list, expect: Expectation) -> Outcome:
         exp = Experiment(self.env, workload, faults, expect, self.request.node.nodeid)
         self.experiments.append(exp)
-        return exp.run()
+        try:
+            outcome = exp.run()
+        except Aborted as e:
+            pytest.skip(f"ABORTED (not failed): {e}")
+        if self.env.dry_run:
+            pytest.skip("dry run: targets resolved and printed, nothing injected")
+        return outcome
 
     @property
     def embedded(self):

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from chaos.errors import WaitTimeout
+from chaos.errors import Aborted, WaitTimeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,13 @@ class Timeline:
         self._events: list[Event] = sorted(events, key=lambda e: e.t)
         self._cond = threading.Condition()
         self._listeners: list[Callable[[Event], None]] = []
+        self._aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Make every current and future wait raise Aborted (a stop condition fired)."""
+        with self._cond:
+            self._aborted = reason
+            self._cond.notify_all()
 
     # -- writing -----------------------------------------------------------------
     def add(self, event: Event) -> None:
@@ -117,6 +124,8 @@ class Timeline:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                if self._aborted:
+                    raise Aborted(f"aborted while waiting for {what}: {self._aborted}")
                 events = list(self._events)
                 value = predicate(events)
                 if value:

@@ -64,7 +64,13 @@ def serve(args) -> int:
 def _write_profile(cluster: EmbeddedCluster, path: Path) -> None:
     from chaos.profile import dump_profile, embedded_profile
 
-    hosts = [{"name": h.name, "address": h.ip, "transport": "local"} for h in cluster.hosts]
+    net = cluster.network
+    if net is None:
+        hosts = [{"address": h.ip, "transport": "local"} for h in cluster.hosts]
+    else:  # test hosts: reached over SSH with the harness's key, host keys verified
+        ssh = {"user": "root", "key_file": str(net.ssh_key_path), "known_hosts": str(net.known_hosts_path),
+               "use_agent": False}
+        hosts = [{"address": h.ip, "hostname": h.testhost.name, "transport": "ssh", "ssh": ssh} for h in cluster.hosts]
     dump_profile(embedded_profile(cluster.gcs_address, cluster.dashboard_url,
                                   str(cluster.base_dir / "storage"), hosts), path)
 

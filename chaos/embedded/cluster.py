@@ -56,11 +56,17 @@ class HealthChecks:
 class EmbeddedConfig:
     workers: int = 3
     cpus_per_worker: int = 1
+    gpus_per_worker: int = 0  # >0 on a GPU machine: each worker advertises the GPU(s) (they may share one)
     node_recovery: bool = True  # "automatic node recovery", as HyperPod does
     recovery_delay_s: float = 2.0
     base_dir: Path = Path("reports/embedded")
     start_timeout_s: float = 180.0
     object_store_mb: int = 150
+    #: "plain": loopback processes; "namespaces": each worker in its own test host
+    #: (network/PID/mount/UTS namespaces, sshd, boot id) — needs root.
+    hosts: str = "plain"
+    subnet: str = "198.18.0.0/24"
+    bridge: str = "rcbr0"
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
 
     def __post_init__(self):
@@ -70,6 +76,8 @@ class EmbeddedConfig:
             raise ValueError(f"workers={self.workers}: at most 250 loopback worker addresses (127.0.1.2-127.0.1.251)")
         if self.cpus_per_worker < 1:
             raise ValueError(f"cpus_per_worker must be >= 1, got {self.cpus_per_worker}")
+        if self.hosts not in ("plain", "namespaces"):
+            raise ValueError(f"hosts={self.hosts!r}: expected 'plain' or 'namespaces'")
         if self.recovery_delay_s < 0:
             raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
 
@@ -121,7 +129,11 @@ def _node_ports_args(ip: str) -> list[str]:
 
 def raylet_of(proc: TrackedProcess) -> tuple[int, str] | None:
     """(pid, node id) of the raylet in a node's process tree, matched by its binary path."""
-    for pid in proc.members():
+    return raylet_in(proc.members())
+
+
+def raylet_in(pids) -> tuple[int, str] | None:
+    for pid in pids:
         try:
             cmd = psutil.Process(pid).cmdline()
         except psutil.Error:
@@ -140,11 +152,13 @@ class WorkerHost:
     name: str
     ip: str
     process: TrackedProcess | None = None
+    testhost: object | None = None  # chaos.embedded.testhost.TestHost in namespaces mode
     raylet_pid: int | None = None
     node_id: str | None = None
     boots: int = 0
     down_since: float | None = None
     last_log: Path | None = None
+    boot_seen: int = 0
     history: list[str] = dataclasses.field(default_factory=list)  # node ids, oldest first
 
 
@@ -155,6 +169,8 @@ class EmbeddedCluster:
         self.head: TrackedProcess | None = None
         self.gcs_port = 0
         self.dashboard_port = 0
+        self.network = None
+        self.head_ip = HEAD_IP
         self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"127.0.1.{i + 2}") for i in range(self.config.workers)]
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -166,11 +182,11 @@ class EmbeddedCluster:
     # -- addresses ---------------------------------------------------------------
     @property
     def gcs_address(self) -> str:
-        return f"{HEAD_IP}:{self.gcs_port}"
+        return f"{self.head_ip}:{self.gcs_port}"
 
     @property
     def dashboard_url(self) -> str:
-        return f"http://{HEAD_IP}:{self.dashboard_port}"
+        return f"http://{self.head_ip}:{self.dashboard_port}"
 
     @property
     def log_dir(self) -> Path:
@@ -191,6 +207,8 @@ class EmbeddedCluster:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            if self.config.hosts == "namespaces":
+                self._create_testhosts()
             self._start_head()
             for host in self.hosts:
                 self._boot(host)
@@ -202,18 +220,29 @@ class EmbeddedCluster:
         self._supervisor.start()
         return self
 
+    def _create_testhosts(self) -> None:
+        """Namespaces mode: one test host per worker on a bridge with no route out."""
+        from chaos.embedded.testhost import TestHostNetwork
+
+        self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-{os.getpid()}-hosts", bridge=self.config.bridge,
+                                       subnet=self.config.subnet, boot_delay=self.config.recovery_delay_s).up()
+        self.head_ip = self.network.head_address
+        for host in self.hosts:
+            host.testhost = self.network.add_host(f"rc-{host.name}")
+            host.ip = host.testhost.address
+
     def _start_head(self) -> None:
-        self.gcs_port = free_port(HEAD_IP)
-        self.dashboard_port = free_port(HEAD_IP)
+        self.gcs_port = free_port()
+        self.dashboard_port = free_port()
         argv = [
             _ray_bin(), "start", "--head", "--block",
-            f"--node-ip-address={HEAD_IP}", f"--port={self.gcs_port}",
+            f"--node-ip-address={self.head_ip}", f"--port={self.gcs_port}",
             "--num-cpus=0", "--num-gpus=0",
-            "--include-dashboard=true", f"--dashboard-host={HEAD_IP}", f"--dashboard-port={self.dashboard_port}",
-            f"--ray-client-server-port={free_port(HEAD_IP)}",
+            "--include-dashboard=true", f"--dashboard-host={self.head_ip}", f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={free_port()}",
             f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
             f"--temp-dir={self.temp_dir / 'head'}",
-            *_node_ports_args(HEAD_IP),
+            *_node_ports_args(self.head_ip),
         ]
         self.head = TrackedProcess(argv, self.log_dir / "head.log", env=self._env(), name="ray-head")
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -239,7 +268,8 @@ class EmbeddedCluster:
     def _boot(self, host: WorkerHost) -> None:
         argv = [
             _ray_bin(), "start", "--block", f"--address={self.gcs_address}",
-            f"--node-ip-address={host.ip}", f"--num-cpus={self.config.cpus_per_worker}", "--num-gpus=0",
+            f"--node-ip-address={host.ip}", f"--num-cpus={self.config.cpus_per_worker}",
+            f"--num-gpus={self.config.gpus_per_worker}",
             f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
             f"--resources={json.dumps({'chaos_' + host.name.replace('-', '_'): 1})}",
             # Own temp dir per node: concurrent starts otherwise race for socket names.
@@ -247,13 +277,25 @@ class EmbeddedCluster:
             *_node_ports_args(host.ip),
         ]
         host.boots += 1
+        log.info("booting %s at %s (boot %d)", host.name, host.ip, host.boots)
+        if host.testhost is not None:
+            th = host.testhost
+            # Torch's gloo resolves the hostname to pick an interface; a test host's name does not
+            # resolve, so name the interface, as one does on real multi-NIC nodes.
+            th.workload, th.env = argv, {**self._env(), "GLOO_SOCKET_IFNAME": "eth0"}
+            with self._cond:
+                host.last_log = th.workload_log
+                host.raylet_pid = None
+                host.node_id = None
+            if not th.is_up:
+                th.boot(wait=True)
+            return
         proc = TrackedProcess(argv, self.log_dir / f"{host.name}.boot{host.boots}.log", env=self._env(), name=host.name)
         with self._cond:
             host.process = proc
             host.last_log = proc.log_path
             host.raylet_pid = None
             host.node_id = None
-        log.info("booting %s at %s (boot %d)", host.name, host.ip, host.boots)
 
     def down(self) -> None:
         """Stop every node by PID; idempotent."""
@@ -261,6 +303,11 @@ class EmbeddedCluster:
         if self._supervisor and self._supervisor.is_alive() and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=10)
         errors = []
+        if self.network is not None:
+            try:
+                self.network.close()
+            except Exception as e:
+                errors.append(f"test hosts: {e}")
         for host in self.hosts:
             if host.process is not None:
                 try:
@@ -294,6 +341,8 @@ class EmbeddedCluster:
                 self._check(host)
 
     def _check(self, host: WorkerHost) -> None:
+        if host.testhost is not None:
+            return self._check_testhost(host)
         proc = host.process
         now = time.monotonic()
         if proc is not None and host.raylet_pid is None:
@@ -314,6 +363,44 @@ class EmbeddedCluster:
         if proc is None and self.config.node_recovery and host.down_since is not None:
             if now - host.down_since >= self.config.recovery_delay_s:
                 self._boot(host)
+
+    def _check_testhost(self, host: WorkerHost) -> None:
+        """A test host reboots by itself (reboot over SSH); we only follow its raylet.
+
+        If the raylet dies while the host stays up, automatic node recovery reboots the
+        host (as HyperPod does), after which its workload starts a new node.
+        """
+        th = host.testhost
+        now = time.monotonic()
+        if not th.is_up:
+            with self._cond:
+                host.raylet_pid = None
+                host.down_since = host.down_since or now
+                self._cond.notify_all()
+            return
+        if host.raylet_pid is None:
+            found = raylet_in(th.namespace_pids())
+            if found:
+                with self._cond:
+                    host.raylet_pid, host.node_id = found
+                    if not host.history or host.history[-1] != host.node_id:
+                        host.history.append(host.node_id)
+                    host.down_since = None
+                    host.boot_seen = th.boot_count
+                    self._cond.notify_all()
+            return
+        if psutil.pid_exists(host.raylet_pid) and not _is_zombie(host.raylet_pid):
+            return
+        if host.boot_seen != th.boot_count:  # the host rebooted under us: wait for its new raylet
+            host.raylet_pid = None
+            return
+        host.down_since = host.down_since or now
+        # Give a reboot in progress time to take the host down before treating this as a dead raylet.
+        if self.config.node_recovery and now - host.down_since >= max(1.5, self.config.recovery_delay_s):
+            log.warning("%s: raylet %s died, host still up: rebooting it (node recovery)", host.name, host.raylet_pid)
+            host.raylet_pid = None
+            host.boots += 1
+            th.power_cycle()
 
     def _mark_down(self, host: WorkerHost, now: float) -> None:
         proc = host.process

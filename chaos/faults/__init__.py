@@ -2,9 +2,12 @@
 
 from chaos.faults.base import Fault, FaultContext, Target
 from chaos.faults.cuda import CudaFault
+from chaos.faults.partition import Partition
 from chaos.faults.raylet import RayletKill
+from chaos.faults.reboot import NodeReboot
+from chaos.faults.worker import TrainWorkerKill
 
-FAULTS = {RayletKill.kind: RayletKill, CudaFault.kind: CudaFault}
+FAULTS = {f.kind: f for f in (RayletKill, TrainWorkerKill, NodeReboot, Partition, CudaFault)}
 
 
 def make(kind: str, **kwargs) -> Fault:

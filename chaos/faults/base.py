@@ -11,7 +11,6 @@ from chaos.timeline import Timeline
 
 if TYPE_CHECKING:
     from chaos.cluster import ClusterView
-    from chaos.transport.base import Transport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +37,14 @@ class FaultContext:
     timeline: Timeline
     transport_for: "callable"  # node_ip -> Transport
     host_name_for: "callable" = lambda ip: None  # node_ip -> host name (reports)
+    console_for: "callable" = lambda ip: None  # node_ip -> out-of-band host console (embedded test hosts)
+    fresh_transport_for: "callable" = None  # node_ip -> a new, unshared Transport (for reconnect loops)
+    python: str = "python3"  # interpreter on the hosts, for small helper scripts
     allow_head: bool = False
+
+    def __post_init__(self):
+        if self.fresh_transport_for is None:
+            self.fresh_transport_for = self.transport_for
 
 
 class Fault(abc.ABC):
@@ -64,6 +70,9 @@ class Fault(abc.ABC):
     def detected(self, events, target: Target, fault_t: float):
         """The event that shows Ray noticed the fault (default: the node marked DEAD)."""
         return next((e for e in events if e.kind == "node_dead" and e.data.get("node_id") == target.node_id), None)
+
+    def after_detect(self, ctx: FaultContext, target: Target) -> None:
+        """Fault-specific waits after detection (e.g. a rebooted host answering again)."""
 
     def revert_plan(self, target: Target) -> dict:
         """How to undo this fault, written to the ledger before injecting."""

@@ -68,7 +68,7 @@ class CudaFault(Fault):
 
     def inject(self, ctx: FaultContext, target: Target) -> dict:
         transport = ctx.transport_for(target.node_ip)
-        result = transport.run(control_command(self.control_path, self.plan), timeout=30)
+        result = transport.run(control_command(self.control_path, self.plan, python=ctx.python), timeout=30)
         if not result.ok:
             raise InjectionError(f"arming the CUDA shim on {transport.host} failed: {result.stderr.strip()}")
         return {"plan_id": self.plan.plan_id, "control": self.control_path, "plan": self.plan.render()}
@@ -79,7 +79,7 @@ class CudaFault(Fault):
 
     def revert(self, ctx: FaultContext, target: Target) -> bool:
         transport = ctx.transport_for(target.node_ip)
-        transport.run(control_command(self.control_path, None), timeout=30).check()
+        transport.run(control_command(self.control_path, None, python=ctx.python), timeout=30).check()
         log = transport.run(f"cat {shlex.quote(self.log_path)} 2>/dev/null; rm -f {shlex.quote(self.log_path)}",
                             timeout=30)
         for line in log.stdout.splitlines():

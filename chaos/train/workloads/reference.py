@@ -7,7 +7,7 @@ step s, so a correct resume reports step s + 1 first.
 
 ``--device stub-cuda`` makes every training step also go through the CUDA driver API
 (via chaos.shim.driver_client, the way libcudart does), so the CUDA fault shim can
-fail a step on machines without a GPU.
+fail a step on machines without a GPU; ``--device cuda`` trains on real GPUs.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def train_loop(config: dict) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
-    model = ray.train.torch.prepare_model(model)
+    model = ray.train.torch.prepare_model(model)  # moves it to this worker's GPU when there is one
+    device = ray.train.torch.get_device()
 
     driver = None
     if config["device"] == "stub-cuda":
@@ -65,7 +66,7 @@ def train_loop(config: dict) -> None:
 
     for step in range(start + 1, config["steps"] + 1):
         gen = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(64, 16, generator=gen)
+        x = torch.randn(64, 16, generator=gen).to(device)
         y = x.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
@@ -95,7 +96,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-preemption-failures", type=int, default=-1)
     p.add_argument("--storage-path", required=True)
     p.add_argument("--name", required=True)
-    p.add_argument("--device", choices=["cpu", "stub-cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "stub-cuda", "cuda"], default="cpu")
     args = p.parse_args(argv)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -103,13 +104,14 @@ def main(argv=None) -> None:
 
     # A hang must be caught by a timeout the run configures: the process group's.
     timeout = os.environ.get("CHAOS_COLLECTIVE_TIMEOUT_S")
-    torch_config = TorchConfig(timeout_s=int(float(timeout))) if timeout else TorchConfig()
+    # gloo even on GPUs: the embedded GPU path may put several ranks on one shared GPU, which NCCL refuses.
+    torch_config = TorchConfig(backend="gloo", **({"timeout_s": int(float(timeout))} if timeout else {}))
 
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
                            "step_time": args.step_time, "device": args.device},
-        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=False),
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda"),
         torch_config=torch_config,
         run_config=RunConfig(
             name=args.name,

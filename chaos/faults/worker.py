@@ -1,0 +1,39 @@
+"""Train worker kill: SIGKILL of one rank's process, the PID taken from live placement.
+
+The PID is the one Ray reports for the worker, i.e. as seen on its host (inside a test
+host's PID namespace too), so the kill runs through that host's transport.
+"""
+
+from __future__ import annotations
+
+from chaos.errors import InjectionError
+from chaos.faults.base import Fault, FaultContext, Target, placement_target
+
+
+class TrainWorkerKill(Fault):
+    kind = "worker-kill"
+    budget_class = "worker_group"
+    kills_node = False
+
+    def __init__(self, rank: int = 1):
+        self.rank = rank
+
+    def describe(self) -> str:
+        return f"SIGKILL of the training worker of rank {self.rank}"
+
+    def resolve(self, ctx: FaultContext) -> Target:
+        target = placement_target(ctx, self.rank)
+        if not target.pid:
+            raise InjectionError(f"rank {self.rank}'s placement carries no PID")
+        return target
+
+    def inject(self, ctx: FaultContext, target: Target) -> dict:
+        transport = ctx.transport_for(target.node_ip)
+        result = transport.run(f"kill -9 {int(target.pid)} && echo killed", timeout=20)
+        if not result.ok:
+            raise InjectionError(f"SIGKILL of pid {target.pid} (rank {self.rank}) on {transport.host} failed: "
+                                 f"exit {result.exit_code}: {result.stderr.strip()}")
+        return {"pid": target.pid, "via": type(transport).__name__}
+
+    def detected(self, events, target: Target, fault_t: float):
+        return next((e for e in events if e.t >= fault_t and e.kind in ("worker_error", "failure_decision")), None)

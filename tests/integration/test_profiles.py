@@ -1,0 +1,154 @@
+"""A cluster described by a profile, as in nightly CI against staging: here the stand-in is
+an embedded cluster started separately (`python -m chaos.embedded up --profile-out`).
+
+Covers: suites green through --chaos-profile, dry run injects nothing, the cluster lock,
+protected profiles, a SIGKILLed session cleaned up by `ray-chaos sweep`, SIGTERM reverting
+on its own, and no secret in anything the runs wrote.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chaos.ledger import Ledger
+from chaos.safety import scan_for_secrets
+from chaos.waits import poll_until
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("standin")
+    profile = d / "profile.yaml"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(d / "cluster")],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=300)
+    up = run("up", "--profile-out", str(profile))
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield d, profile
+    down = run("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+def chaos_cmd(profile, reports, *args):
+    return [sys.executable, "-m", "pytest", "-m", "chaos", "-p", "no:cacheprovider", "-q", "-s",
+            "--chaos-profile", str(profile), "--chaos-reports", str(reports), *args]
+
+
+def test_suite_runs_green_through_a_profile(standin, tmp_path):
+    _, profile = standin
+    p = subprocess.run(chaos_cmd(profile, tmp_path, "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in p.stdout
+    assert "[        PASS] healed" in p.stdout
+    entries = Ledger(tmp_path / "ledger.jsonl").entries()
+    assert entries and all(e["state"] in ("reverted", "nothing-to-revert") for e in entries.values())
+    # Nothing the run wrote may carry the SSH private key of the hosts (if any) or a key-like secret.
+    keys = [Path(h["ssh"]["key_file"]).read_text() for h in _ssh_overrides(profile)]
+    hits = scan_for_secrets([tmp_path], secrets=keys)
+    assert not hits, hits
+
+
+def _ssh_overrides(profile):
+    data = yaml.safe_load(Path(profile).read_text())
+    return [o for o in data["hosts"].get("overrides", []) if o.get("ssh", {}).get("key_file")]
+
+
+def test_dry_run_prints_targets_and_injects_nothing(standin, tmp_path):
+    _, profile = standin
+    p = subprocess.run(chaos_cmd(profile, tmp_path, "--chaos-dry-run", "-rs",
+                                 "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "DRY RUN: would inject raylet kill via ShutdownRaylet(graceful=False)" in p.stdout
+    assert "dry run: targets resolved and printed, nothing injected" in p.stdout
+    assert not Ledger(tmp_path / "ledger.jsonl").entries(), "a dry run must not write the ledger"
+
+
+def test_protected_profile_is_refused(standin, tmp_path):
+    _, profile = standin
+    data = yaml.safe_load(profile.read_text())
+    data["protected"] = True
+    protected = tmp_path / "protected.yaml"
+    protected.write_text(yaml.safe_dump(data))
+    p = subprocess.run(chaos_cmd(protected, tmp_path, "suites/test_raylet_kill.py"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "is protected: the harness refuses to inject faults into this cluster" in p.stdout + p.stderr
+
+
+def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
+    _, profile = standin
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, ray; from chaos.environments import ClusterLock, _connect; from chaos.profile import load_profile\n"
+            f"p = load_profile({str(profile)!r}); _connect(p.ray.gcs_address, p.ray.driver_ip)\n"
+            "head = next(n['NodeID'] for n in ray.nodes() if n['Alive'] and 'node:__internal_head__' in n['Resources'])\n"
+            "ClusterLock().acquire(head); print('LOCKED', flush=True); sys.stdin.read()")],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "LOCKED"
+        p = subprocess.run(chaos_cmd(profile, tmp_path, "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode != 0
+        assert "another ray-chaos session holds this cluster's lock" in p.stdout + p.stderr
+    finally:
+        holder.kill()  # the lock dies with its holder
+        holder.wait(timeout=30)
+
+
+def _wait_injected(ledger_path, kind, timeout=400):
+    def check():
+        entries = Ledger(ledger_path).entries().values() if ledger_path.exists() else []
+        hit = next((e for e in entries if e["fault"] == kind and e["state"] == "injected"), None)
+        return hit, f"{len(list(entries))} ledger entries"
+    return poll_until(check, timeout, f"a {kind} fault to be injected", interval=0.5)
+
+
+def _control_len(path):
+    with open(path, "rb") as f:
+        return int.from_bytes(f.read(16)[12:16], "little")
+
+
+def test_sigkilled_session_is_cleaned_up_by_sweep(standin, tmp_path):
+    _, profile = standin
+    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout"),
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda")
+        os.kill(p.pid, signal.SIGKILL)  # mid-fault: the hang is armed, nobody left to disarm it
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    control = entry["revert"]["control"]
+    assert _control_len(control) > 0, "the fault should still be armed after the SIGKILL"
+    sweep = subprocess.run([sys.executable, "-m", "chaos.cli", "sweep", "--profile", str(profile),
+                            "--ledger", str(tmp_path / "ledger.jsonl")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert "sweep: nothing left armed" in sweep.stdout
+    assert _control_len(control) == 0, "sweep did not disarm the CUDA shim"
+    assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted"
+    assert not Ledger(tmp_path / "ledger.jsonl").open_entries()
+
+
+def test_sigterm_reverts_on_its_way_out(standin, tmp_path):
+    _, profile = standin
+    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda")
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted", out[-3000:]
+    assert _control_len(entry["revert"]["control"]) == 0 if os.path.exists(entry["revert"]["control"]) else True
