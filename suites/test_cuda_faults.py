@@ -24,6 +24,15 @@ def injections(outcome):
     return outcome.timeline.of("cuda_injection")
 
 
+def run_with(chaos, fault):
+    """The reference workload on the stub GPU, the fault in rank 1 after checkpoint 2, one charge expected."""
+    return chaos.run(
+        chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
+        faults=[(AfterCheckpoint(2), fault)],
+        expect=chaos.expect(charged={"worker_group": 1}, fault_kind="cuda"),
+    )
+
+
 def rank_pids(outcome, rank):
     return [next(p["pid"] for p in a.data["placement"] if p["rank"] == rank) for a in outcome.timeline.attempts()]
 
@@ -31,11 +40,7 @@ def rank_pids(outcome, rank):
 def test_ecc_error_in_rank_1_after_checkpoint_2(chaos, cuda_driver_dir):
     """Uncorrectable ECC (214, deferred + sticky): Train restarts the process, resumes from the checkpoint."""
     fault = CudaFault("ecc", rank=1, driver_dir=cuda_driver_dir)
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
-        faults=[(AfterCheckpoint(2), fault)],
-        expect=chaos.expect(charged={"worker_group": 1}),
-    )
+    outcome = run_with(chaos, fault)
     outcome.assert_verdicts()
     [inj] = injections(outcome)
     assert inj.data["error"] == 214 and inj.data["rank"] == 1, inj.data
@@ -48,11 +53,7 @@ def test_ecc_error_in_rank_1_after_checkpoint_2(chaos, cuda_driver_dir):
 def test_sticky_error_proves_the_old_process_could_not_go_on(chaos, cuda_driver_dir):
     """Illegal address (700, sticky): the in-process retry fails too, so only a new process helps."""
     fault = CudaFault("illegal-address", rank=1, driver_dir=cuda_driver_dir)
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
-        faults=[(AfterCheckpoint(2), fault)],
-        expect=chaos.expect(charged={"worker_group": 1}),
-    )
+    outcome = run_with(chaos, fault)
     outcome.assert_verdicts()
     messages = [m for e in outcome.timeline.of("worker_error") for m in e.data["errors"].values()]
     assert any("an illegal memory access was encountered" in m and "failed too" in m and "unusable" in m
@@ -64,11 +65,7 @@ def test_hang_is_caught_by_the_collective_timeout(chaos, cuda_driver_dir):
     """A hung sync in rank 1: the run's collective timeout must fire, Train restarts, resumes."""
     fault = CudaFault("ecc", rank=1, driver_dir=cuda_driver_dir, mode="hang", collective_timeout_s=15,
                       symbols=["cuCtxSynchronize*"], sticky=False)
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
-        faults=[(AfterCheckpoint(2), fault)],
-        expect=chaos.expect(charged={"worker_group": 1}),
-    )
+    outcome = run_with(chaos, fault)
     outcome.assert_verdicts()
     [inj] = injections(outcome)
     assert inj.data["mode"] == "hang"

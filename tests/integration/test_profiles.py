@@ -93,7 +93,7 @@ def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
             "import sys, ray; from chaos.environments import ClusterLock, _connect; from chaos.profile import load_profile\n"
             f"p = load_profile({str(profile)!r}); _connect(p.ray.gcs_address, p.ray.driver_ip)\n"
             "head = next(n['NodeID'] for n in ray.nodes() if n['Alive'] and 'node:__internal_head__' in n['Resources'])\n"
-            "ClusterLock().acquire(head); print('LOCKED', flush=True); sys.stdin.read()")],
+            "lock = ClusterLock(); lock.acquire(head); print('LOCKED', flush=True); sys.stdin.read()")],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "LOCKED"

@@ -1,0 +1,101 @@
+"""Timeline waits, triggers and the ledger: the event plumbing every experiment stands on."""
+
+import threading
+
+import pytest
+
+from chaos.errors import Aborted, WaitTimeout
+from chaos.ledger import Ledger, sweep
+from chaos.timeline import Event, Timeline, ettr, recovery_metrics
+from chaos.transport.base import CommandResult
+from chaos.triggers import AfterCheckpoint, AtStep, parse
+from timelines import Script
+
+
+def test_wait_for_wakes_on_the_event_not_on_a_timer():
+    tl = Timeline()
+    threading.Timer(0.05, lambda: tl.emit("recorder", "report", step=3, checkpoint="c")).start()
+    e = AfterCheckpoint(1).wait(tl, timeout=5)
+    assert e.data["step"] == 3
+
+
+def test_wait_timeout_says_what_was_awaited_and_seen():
+    tl = Timeline([Event(1.0, "recorder", "report", {"attempt": 0, "step": 1})])
+    with pytest.raises(WaitTimeout, match=r"waiting for step 9 to be reported; last events: recorder.report\(attempt=0, step=1\)"):
+        AtStep(9).wait(tl, timeout=0.1)
+
+
+def test_trigger_stops_waiting_when_the_run_already_ended():
+    tl = Timeline([Event(1.0, "recorder", "run_finished", {"state": "ERRORED"})])
+    with pytest.raises(WaitTimeout, match="the run already ended"):
+        AfterCheckpoint(2).wait(tl, timeout=5)
+
+
+def test_abort_interrupts_every_wait():
+    tl = Timeline()
+    threading.Timer(0.05, lambda: tl.abort("3 nodes dead for 61 s")).start()
+    with pytest.raises(Aborted, match="3 nodes dead"):
+        AtStep(1).wait(tl, timeout=5)
+
+
+def test_trigger_parsing_names_the_bad_input():
+    assert parse("checkpoint:2") == AfterCheckpoint(2) and parse("step:7") == AtStep(7)
+    with pytest.raises(ValueError, match="unknown kind 'epoch'"):
+        parse("epoch:1")
+    with pytest.raises(ValueError, match="k counts from 1"):
+        AfterCheckpoint(0)
+
+
+def test_recovery_metrics_and_ettr():
+    s = Script().start_attempt().steps(1, 12).fault(detect=1.5).decision().start_attempt().steps(11, 20).finish()
+    [m] = recovery_metrics(s.timeline())
+    assert m.time_to_detect == pytest.approx(1.5)
+    assert m.steps_lost == 2  # steps 11 and 12 were done twice
+    assert 0 < ettr(s.timeline()) < 1
+
+
+def test_cuda_style_fault_is_detected_by_train_not_by_node_death():
+    s = Script().start_attempt().steps(1, 12)
+    s.events.append(s._e("fault", "fault_injected", fault="cuda", target={"node_id": "n1"}, detect_by="train"))
+    s.events.append(s._e("recorder", "worker_error", 0.8, attempt=0, errors={"1": "CUDA error"}))
+    [m] = recovery_metrics(s.decision().start_attempt().steps(11, 15).timeline())
+    assert m.time_to_detect == pytest.approx(0.8)
+
+
+def test_ledger_is_written_before_and_merged_after(tmp_path):
+    ledger = Ledger(tmp_path / "l.jsonl")
+    i = ledger.record("partition", {"node_ip": "198.18.0.2"}, {"action": "none"})
+    assert [e["state"] for e in ledger.open_entries()] == ["pending"]
+    ledger.mark(i, "injected")
+    ledger.mark(i, "reverted")
+    assert ledger.open_entries() == [] and ledger.entries()[i]["state"] == "reverted"
+    assert len(ledger.lines()) == 3
+
+
+class FakeTransport:
+    def __init__(self, ok=True):
+        self.ok, self.commands = ok, []
+
+    def run(self, command, timeout=30):
+        self.commands.append(command)
+        return CommandResult("h", command[:20], 0 if self.ok else 1, "", "" if self.ok else "permission denied")
+
+
+def test_sweep_reverts_what_a_dead_session_left(tmp_path):
+    ledger = Ledger(tmp_path / "l.jsonl")
+    cuda = ledger.record("cuda", {"node_ip": "10.0.0.2"}, {"action": "disarm-cuda-shim", "host": "10.0.0.2",
+                                                            "control": "/dev/shm/x.ctl"})
+    ledger.mark(cuda, "injected")
+    kill = ledger.record("raylet-kill", {"node_ip": "10.0.0.3"}, {"action": "none"})
+    t = FakeTransport()
+    left = sweep(Ledger(tmp_path / "l.jsonl"), lambda ip: t, say=lambda *_: None)
+    assert left == [] and len(t.commands) == 1 and "/dev/shm/x.ctl" in t.commands[0]
+    states = {k: v["state"] for k, v in ledger.entries().items()}
+    assert states == {cuda: "reverted", kill: "nothing-to-revert"}
+
+
+def test_sweep_reports_what_it_could_not_revert(tmp_path):
+    ledger = Ledger(tmp_path / "l.jsonl")
+    i = ledger.record("cuda", {}, {"action": "disarm-cuda-shim", "host": "10.0.0.2", "control": "/dev/shm/x.ctl"})
+    [left] = sweep(ledger, lambda ip: FakeTransport(ok=False), say=lambda *_: None)
+    assert "permission denied" in left["error"] and ledger.entries()[i]["state"] == "failed"
