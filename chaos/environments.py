@@ -73,6 +73,28 @@ class ClusterLock:
             self._actor = None
 
 
+class NetnsConsole:
+    """Out-of-band access to an embedded test host started by another process: its netns."""
+
+    def __init__(self, netns_name: str):
+        self.netns = netns_name
+
+    def partition(self) -> None:
+        from chaos.embedded import netns
+
+        netns.partition(self.netns)
+
+    def heal(self) -> None:
+        from chaos.embedded import netns
+
+        netns.heal(self.netns)
+
+    def is_partitioned(self) -> bool:
+        from chaos.embedded import netns
+
+        return netns.is_partitioned(self.netns)
+
+
 def _connect(gcs_address: str, driver_ip: str | None) -> None:
     kwargs = {"_node_ip_address": driver_ip} if driver_ip else {}
     ray.init(address=gcs_address, namespace=NAMESPACE, runtime_env={"py_modules": [os.path.dirname(chaos.__file__)]},
@@ -215,9 +237,13 @@ def profile_environment(profile, out: Path, dry_run: bool = False, reporter: Rep
             safety.check_target(NodeInfo(node_id=target.node_id, ip=target.node_ip,
                                          is_head=bool(node and node.is_head)))
 
+        def console(ip):
+            netns_name = profile.access_for(ip).netns
+            return NetnsConsole(netns_name) if netns_name else None
+
         env = Environment(
             cluster=view, head_node_id=head.node_id, ledger=Ledger(out / "ledger.jsonl"), out_dir=out,
-            backend=f"profile:{profile.name}", transport_for=transport, fresh_transport_for=fresh_transport,
+            backend=f"profile:{profile.name}", console_for=console, transport_for=transport, fresh_transport_for=fresh_transport,
             healthy_workers=healthy, wait_healed=wait_healed, dry_run=dry_run,
             storage_path=profile.storage.path, check_target=check_target,
             live_faults=LiveFaults(profile.safety.max_live_faults),

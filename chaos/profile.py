@@ -339,12 +339,16 @@ class Selector(_Model):
 class HostAccess(_Model):
     transport: Transport = "ssh"
     ssh: SSHSettings = Field(default_factory=SSHSettings)
+    #: the host's network namespace on the harness machine: an out-of-band console for healing
+    #: a partition (embedded test hosts only; real hosts have none)
+    netns: str | None = None
 
 
 class HostOverride(_Model):
     match: Selector
     transport: Transport | None = None
     ssh: SSHOverride = Field(default_factory=SSHOverride)
+    netns: str | None = None
 
 
 class HostsSettings(_Model):
@@ -559,12 +563,14 @@ class Profile(_Model):
         """hosts.defaults merged with the first override whose match selects this host."""
         transport = self.hosts.defaults.transport
         ssh = self.hosts.defaults.ssh.model_dump()
+        netns = self.hosts.defaults.netns
         for o in self.hosts.overrides:
             if o.match.matches(node_ip, hostname, labels):
                 transport = o.transport or transport
                 ssh.update(o.ssh.model_dump(exclude_unset=True))
+                netns = o.netns or netns
                 break
-        return HostAccess(transport=transport, ssh=SSHSettings.model_validate(ssh))
+        return HostAccess(transport=transport, ssh=SSHSettings.model_validate(ssh), netns=netns)
 
     def ssh_for(self, node_ip: str, hostname: str | None = None,
                 labels: Mapping[str, str] | None = None) -> SSHSettings:
@@ -830,7 +836,7 @@ def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, ho
             driver_ip = None
     overrides, allow = [], []
     for i, h in enumerate(hosts):
-        unknown = set(h) - {"address", "hostname", "transport", "ssh"}
+        unknown = set(h) - {"address", "hostname", "transport", "ssh", "netns"}
         if unknown or "address" not in h:
             raise ProfileError(f"embedded_profile: hosts[{i}] needs address and may have hostname, transport, ssh; "
                                f"got {sorted(h)}")
@@ -840,6 +846,8 @@ def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, ho
         override: dict[str, Any] = {"match": {"address": h["address"]}, "transport": transport}
         if h.get("ssh"):
             override["ssh"] = dict(h["ssh"])
+        if h.get("netns"):
+            override["netns"] = h["netns"]
         overrides.append(override)
         allow.append({"address": h["address"]})
     data: dict[str, Any] = {

@@ -26,8 +26,8 @@ from chaos.verify import Expectation
 log = logging.getLogger(__name__)
 
 _RECORDS = pytest.StashKey[dict]()  # nodeid -> Experiment, for reports/summary.json
-_OUTCOME = pytest.StashKey[str]()
-_PROFILE = pytest.StashKey[object]()  # passed | failed (a verdict) | broken (the harness)
+_OUTCOME = pytest.StashKey[str]()  # passed | failed (a verdict) | broken (the harness) | aborted | skipped
+_PROFILE = pytest.StashKey[object]()  # the loaded --chaos-profile
 
 
 def pytest_addoption(parser):
@@ -39,7 +39,7 @@ def pytest_addoption(parser):
                 help="directory shipped with --chaos-workload as its working_dir (default: the current directory)")
     g.addoption("--chaos-step-metric", default="step", metavar="NAME",
                 help="the reported metric that counts training steps (default: step)")
-    g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (>= 3)")
+    g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")
     g.addoption("--chaos-hosts", choices=["auto", "plain", "namespaces"], default="auto",
@@ -103,6 +103,20 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if not i.get_closest_marker("chaos")]
 
 
+def live_reporter(config) -> Reporter:
+    """A Reporter whose progress lines reach the terminal as they happen, even under capture."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+
+    def echo(text: str) -> None:
+        if capman is None:
+            print(text, flush=True)
+            return
+        with capman.global_and_fixture_disabled():
+            print(text, flush=True)
+
+    return Reporter(echo=echo)
+
+
 # -- the cluster -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def chaos_env(request) -> Environment:
@@ -114,7 +128,7 @@ def chaos_env(request) -> Environment:
 
     opt = request.config.getoption
     out = Path(opt("chaos_reports")).resolve()
-    reporter = Reporter()
+    reporter = live_reporter(request.config)
     profile = request.config.stash.get(_PROFILE, None)
     if profile is not None:
         reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
@@ -189,7 +203,8 @@ class Chaos:
                            slo_detect_s=detect, slo_recover_s=recover)
 
     def run(self, workload: RunSpec, faults: list, expect: Expectation) -> Outcome:
-        exp = Experiment(self.env, workload, faults, expect, self.request.node.nodeid)
+        exp = Experiment(self.env, workload, faults, expect, self.request.node.nodeid,
+                         reporter=live_reporter(self.request.config))
         self.experiments.append(exp)
         try:
             outcome = exp.run()
@@ -215,9 +230,14 @@ def chaos(chaos_env, request) -> Chaos:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if report.when == "call" or (report.when == "setup" and report.failed):
-        item.stash[_OUTCOME] = "passed" if report.passed else ("failed" if call.excinfo and
-                                                                call.excinfo.errisinstance(AssertionError) else "broken")
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.passed:
+            outcome = "passed"
+        elif report.skipped:
+            outcome = "aborted" if "ABORTED" in str(report.longrepr) else "skipped"
+        else:
+            outcome = "failed" if call.excinfo and call.excinfo.errisinstance(AssertionError) else "broken"
+        item.stash[_OUTCOME] = outcome
     return report
 
 

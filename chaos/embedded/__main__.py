@@ -39,7 +39,7 @@ def _read_state(base: Path) -> dict | None:
 def serve(args) -> int:
     base = Path(args.dir).resolve()
     cfg = EmbeddedConfig(workers=args.workers, node_recovery=args.node_recovery == "automatic",
-                         recovery_delay_s=args.recovery_delay, base_dir=base)
+                         recovery_delay_s=args.recovery_delay, base_dir=base, hosts=_hosts_mode(args.hosts))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -61,6 +61,15 @@ def serve(args) -> int:
     return 0
 
 
+def _hosts_mode(requested: str) -> str:
+    from chaos.embedded.testhost import testhosts_supported
+
+    supported, why = testhosts_supported()
+    if requested == "namespaces" and not supported:
+        raise ChaosError(f"--hosts namespaces: test hosts are not possible here: {why}")
+    return requested if requested != "auto" else ("namespaces" if supported else "plain")
+
+
 def _write_profile(cluster: EmbeddedCluster, path: Path) -> None:
     from chaos.profile import dump_profile, embedded_profile
 
@@ -70,7 +79,8 @@ def _write_profile(cluster: EmbeddedCluster, path: Path) -> None:
     else:  # test hosts: reached over SSH with the harness's key, host keys verified
         ssh = {"user": "root", "key_file": str(net.ssh_key_path), "known_hosts": str(net.known_hosts_path),
                "use_agent": False}
-        hosts = [{"address": h.ip, "hostname": h.testhost.name, "transport": "ssh", "ssh": ssh} for h in cluster.hosts]
+        hosts = [{"address": h.ip, "hostname": h.testhost.name, "transport": "ssh", "ssh": ssh,
+                  "netns": h.testhost.netns} for h in cluster.hosts]
     dump_profile(embedded_profile(cluster.gcs_address, cluster.dashboard_url,
                                   str(cluster.base_dir / "storage"), hosts), path)
 
@@ -84,6 +94,7 @@ def up(args) -> int:
         return 0
     _state_file(base).unlink(missing_ok=True)
     argv = [sys.executable, "-m", "chaos.embedded", "serve", "--dir", str(base), "--workers", str(args.workers),
+            "--hosts", _hosts_mode(args.hosts),
             "--node-recovery", args.node_recovery, "--recovery-delay", str(args.recovery_delay)]
     if args.profile_out:
         argv += ["--profile-out", str(Path(args.profile_out).resolve())]
@@ -164,6 +175,8 @@ def main(argv=None) -> int:
             s.add_argument("--node-recovery", choices=["automatic", "off"], default="automatic")
             s.add_argument("--recovery-delay", type=float, default=2.0)
             s.add_argument("--profile-out", default=None, help="write a profile describing this cluster")
+            s.add_argument("--hosts", choices=["auto", "plain", "namespaces"], default="auto",
+                           help="workers as loopback processes or as test hosts (namespaces, root); auto: hosts if possible")
     args = p.parse_args(argv)
     try:
         if args.cmd == "up":  # validate here, before a supervisor is started

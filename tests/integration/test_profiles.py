@@ -152,3 +152,47 @@ def test_sigterm_reverts_on_its_way_out(standin, tmp_path):
     assert p.returncode != 0
     assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted", out[-3000:]
     assert _control_len(entry["revert"]["control"]) == 0 if os.path.exists(entry["revert"]["control"]) else True
+
+
+def test_sigkilled_partition_is_healed_by_sweep_and_hosts_come_back(standin, tmp_path):
+    from chaos.embedded import netns
+
+    _, profile = standin
+    if not _ssh_overrides(profile):
+        pytest.skip("the stand-in runs plain processes (no root for test hosts): no partition to heal")
+    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_ssh_faults.py::test_partition_until_dead_then_heal"),
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        entry = _wait_injected(tmp_path / "ledger.jsonl", "partition")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    name = entry["revert"]["netns"]
+    assert netns.is_partitioned(name), "the partition should outlive the killed session"
+    sweep = subprocess.run([sys.executable, "-m", "chaos.cli", "sweep", "--profile", str(profile),
+                            "--ledger", str(tmp_path / "ledger.jsonl")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert not netns.is_partitioned(name), "sweep left the partition rules in place"
+    data = yaml.safe_load(profile.read_text())
+    from chaos.cluster import ClusterView
+
+    view = ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"])
+    view.wait_alive_workers(len(_ssh_overrides(profile)), timeout=180)  # node recovery brings the host back
+
+
+def test_health_guard_aborts_instead_of_failing(standin, tmp_path):
+    _, profile = standin
+    data = yaml.safe_load(profile.read_text())
+    workers = len(data["hosts"]["overrides"])
+    data["safety"].update({"min_alive_nodes": workers, "unhealthy_for_s": 0.5})
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump(data))
+    p = subprocess.run(chaos_cmd(strict, tmp_path, "-rs", "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "ABORTED (not failed)" in p.stdout and "stop condition" in p.stdout, p.stdout[-4000:]
+    assert "1 skipped" in p.stdout
+    assert not Ledger(tmp_path / "ledger.jsonl").open_entries()
