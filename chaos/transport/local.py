@@ -22,9 +22,10 @@ class LocalTransport:
         return CommandResult(self.host, cmd, p.returncode, p.stdout, p.stderr)
 
     def launch(self, command: str | Sequence[str]) -> None:
-        # Detached on purpose (own session, no pipes): the caller does not wait for it.
-        subprocess.Popen(["bash", "-c", as_shell(command)], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        """Refused: "launch" is for commands that take the host down (a reboot), and the
+        local host is the machine the harness itself runs on."""
+        raise TransportError(f"{self.host}: refusing to launch `{as_shell(command)}` on the harness's own machine "
+                             "(local transport); reach the host over ssh instead")
 
     def close(self) -> None:
         pass
