@@ -33,6 +33,7 @@ class Node:
     end_time: float | None
     death_reason: str | None
     resources: dict
+    labels: dict = dataclasses.field(default_factory=dict)
 
     def short(self) -> str:
         return f"{self.node_id[:8]}@{self.ip}"
@@ -66,12 +67,19 @@ class ClusterView:
                     end_time=(s.end_time_ms or 0) / 1000 or None,
                     death_reason=s.state_message,
                     resources=dict(s.resources_total or {}),
+                    labels=dict(s.labels or {}),
                 )
             )
         return out
 
     def node(self, node_id: str) -> Node | None:
         return next((n for n in self.nodes() if n.node_id == node_id), None)
+
+    def hostname(self, node_id: str) -> str | None:
+        """The node's machine hostname, as its raylet reported it."""
+        import ray
+
+        return next((n.get("NodeManagerHostname") for n in ray.nodes() if n["NodeID"] == node_id), None)
 
     def raylet_endpoint(self, node_id: str) -> tuple[str, int]:
         """(address, node manager port) of a node's raylet, from Ray's node table."""

@@ -235,7 +235,8 @@ def profile_environment(profile, out: Path, dry_run: bool = False, reporter: Rep
         def check_target(target):
             node = next((n for n in view.nodes() if n.node_id == target.node_id), None)
             safety.check_target(NodeInfo(node_id=target.node_id, ip=target.node_ip,
-                                         is_head=bool(node and node.is_head)))
+                                         hostname=view.hostname(target.node_id),
+                                         labels=node.labels if node else {}, is_head=bool(node and node.is_head)))
 
         def console(ip):
             netns_name = profile.access_for(ip).netns

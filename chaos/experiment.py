@@ -154,6 +154,8 @@ class Experiment:
                 with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
                     self._recover()
                 self._revert_all(ctx)
+            if env.dry_run:  # every target is resolved and printed; nothing to finish or verify
+                return Outcome(self.slug, self.timeline, verdicts, targets, run)
             with r.step("finish: the run ends by itself"):
                 run.wait_finished(env.timeouts.finish_s)
             with r.step("verify: verdicts from the timeline"):

@@ -54,6 +54,8 @@ def pytest_addoption(parser):
                 help="SLO: fault → first report of the next attempt")
     g.addoption("--chaos-raylet-kill", choices=list(RayletKill.METHODS), default="grpc",
                 help="raylet kill through Ray's ShutdownRaylet gRPC, or SIGKILL of the raylet PID")
+    g.addoption("--chaos-seed", type=int, default=0, metavar="N",
+                help="seed of the reference workload (model init and data); recorded with each test")
     g.addoption("--chaos-reports", default="reports", metavar="DIR", help="where run artefacts go")
     g.addoption("--chaos-profile", default=None, metavar="YAML",
                 help="run against the cluster this profile describes instead of the embedded cluster")
@@ -144,7 +146,7 @@ def chaos_env(request) -> Environment:
         cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
                              recovery_delay_s=opt("chaos_recovery_delay"), base_dir=out / "embedded", hosts=hosts,
                              gpus_per_worker=opt("chaos_gpus_per_worker"))
-        where = ("test hosts in namespaces on " + cfg.subnet if hosts == "namespaces"
+        where = ("test hosts in network/PID/mount/UTS namespaces on a 198.18.x.0/24 bridge" if hosts == "namespaces"
                  else "loopback processes on 127.0.1.x" + ("" if supported else f" (no test hosts: {why})"))
         reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                      f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
@@ -187,6 +189,7 @@ class Chaos:
             spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir)
             spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
             return spec
+        params.setdefault("seed", self._opt("chaos_seed"))
         return reference_spec(name, self.env.storage_path, **params)
 
     def raylet_kill(self, rank: int = 1) -> RayletKill:

@@ -65,8 +65,10 @@ class EmbeddedConfig:
     #: "plain": loopback processes; "namespaces": each worker in its own test host
     #: (network/PID/mount/UTS namespaces, sshd, boot id) — needs root.
     hosts: str = "plain"
-    subnet: str = "198.18.0.0/24"
-    bridge: str = "rcbr0"
+    #: bridge and subnet of the test hosts; None = the first free pair of rcbr0..rcbr15 /
+    #: 198.18.<n>.0/24, so several embedded clusters can run on one machine at once
+    subnet: str | None = None
+    bridge: str | None = None
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
 
     def __post_init__(self):
@@ -224,12 +226,27 @@ class EmbeddedCluster:
         """Namespaces mode: one test host per worker on a bridge with no route out."""
         from chaos.embedded.testhost import TestHostNetwork
 
-        self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-{os.getpid()}-hosts", bridge=self.config.bridge,
-                                       subnet=self.config.subnet, boot_delay=self.config.recovery_delay_s).up()
+        bridge, subnet = self._free_bridge()
+        self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-{os.getpid()}-hosts", bridge=bridge,
+                                       subnet=subnet, boot_delay=self.config.recovery_delay_s).up()
         self.head_ip = self.network.head_address
         for host in self.hosts:
             host.testhost = self.network.add_host(f"rc-{host.name}")
             host.ip = host.testhost.address
+
+    def _free_bridge(self) -> tuple[str, str]:
+        from chaos.embedded import netns
+
+        if self.config.bridge:
+            if netns.link_exists(self.config.bridge) or netns.netns_names(f"{self.config.bridge}-"):
+                raise ClusterError(f"bridge {self.config.bridge} is already in use (another embedded cluster, or one a "
+                                   "killed session left: `python -m chaos.embedded down` or `ray-chaos sweep`)")
+            return self.config.bridge, self.config.subnet or "198.18.0.0/24"
+        for n in range(16):
+            name = f"rcbr{n}"
+            if not netns.link_exists(name) and not netns.netns_names(f"{name}-"):
+                return name, f"198.18.{n}.0/24"
+        raise ClusterError("no free test-host bridge among rcbr0..rcbr15; stop other embedded clusters first")
 
     def _start_head(self) -> None:
         self.gcs_port = free_port()
@@ -308,6 +325,7 @@ class EmbeddedCluster:
                 self.network.close()
             except Exception as e:
                 errors.append(f"test hosts: {e}")
+            self._keep_host_logs()
         for host in self.hosts:
             if host.process is not None:
                 try:
@@ -323,6 +341,17 @@ class EmbeddedCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if errors:
             raise ClusterError("embedded cluster teardown left processes behind: " + "; ".join(errors))
+
+    def _keep_host_logs(self) -> None:
+        """Keep each test host's logs under base_dir; drop its state dir (it holds the SSH private key)."""
+        for host in self.hosts:
+            if host.testhost is None:
+                continue
+            dest = self.log_dir / "hosts" / host.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for log_file in Path(host.testhost.state_dir).glob("*.log"):
+                shutil.copy2(log_file, dest / log_file.name)
+        shutil.rmtree(self.network.state_dir, ignore_errors=True)
 
     def _keep_ray_logs(self) -> None:
         """Copy each node's Ray session logs under base_dir before the temp dir goes."""
@@ -473,6 +502,7 @@ class EmbeddedCluster:
             "gcs_address": self.gcs_address,
             "dashboard_url": self.dashboard_url,
             "head_pid": self.head.pid if self.head else None,
+            "bridge": self.network.bridge.name if self.network else None,
             "node_recovery": self.config.node_recovery,
             "recovery_delay_s": self.config.recovery_delay_s,
             "health_checks": dataclasses.asdict(self.config.health),

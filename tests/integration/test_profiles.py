@@ -6,12 +6,10 @@ protected profiles, a SIGKILLed session cleaned up by `ray-chaos sweep`, SIGTERM
 on its own, and no secret in anything the runs wrote.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

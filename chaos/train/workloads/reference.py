@@ -44,7 +44,7 @@ def train_loop(config: dict) -> None:
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
-    torch.manual_seed(0)
+    torch.manual_seed(config["seed"])
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
@@ -65,7 +65,7 @@ def train_loop(config: dict) -> None:
         driver = DriverClient()
 
     for step in range(start + 1, config["steps"] + 1):
-        gen = torch.Generator().manual_seed(step * 1000 + rank)
+        gen = torch.Generator().manual_seed(config["seed"] * 1_000_003 + step * 1000 + rank)
         x = torch.randn(64, 16, generator=gen).to(device)
         y = x.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -97,6 +97,7 @@ def main(argv=None) -> None:
     p.add_argument("--storage-path", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--device", choices=["cpu", "stub-cuda", "cuda"], default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="model init and data (the run is deterministic per seed)")
     args = p.parse_args(argv)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
-                           "step_time": args.step_time, "device": args.device},
+                           "step_time": args.step_time, "device": args.device, "seed": args.seed},
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda"),
         torch_config=torch_config,
         run_config=RunConfig(
