@@ -128,9 +128,10 @@ class ClusterView:
     def watch(self, timeline: Timeline, interval: float = 0.25) -> None:
         """Emit node_dead / node_alive events into ``timeline`` until ``stop_watching``."""
         known = {n.node_id: n.alive for n in self.nodes()}
+        stop = self._watch_stop  # this watcher's own stop flag, even if stop_watching replaces it
 
         def loop():
-            while not self._watch_stop.wait(interval):
+            while not stop.wait(interval):
                 try:
                     nodes = self.nodes()
                 except ClusterError as e:

@@ -247,7 +247,7 @@ def profile_environment(profile, out: Path, dry_run: bool = False, reporter: Rep
             backend=f"profile:{profile.name}", console_for=console, transport_for=transport, fresh_transport_for=fresh_transport,
             healthy_workers=healthy, wait_healed=wait_healed, dry_run=dry_run,
             storage_path=profile.storage.path, check_target=check_target,
-            live_faults=LiveFaults(profile.safety.max_live_faults),
+            live_faults=LiveFaults(profile.safety.max_live_faults), allow_head=profile.safety.allow_head,
         )
         env.profile = profile
         env.properties = {"ray.version": ray.__version__, "cluster": f"profile {profile.name}",

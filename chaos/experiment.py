@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import ray
+
 from chaos import plot, summary
 from chaos.cluster import ClusterView
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
@@ -61,6 +63,7 @@ class Environment:
     check_target: Callable = lambda target: None  # raises (safety.TargetRefused) when a target is not allowed
     live_faults: object = None  # safety.LiveFaults, when the cluster limits live faults
     properties: dict = dataclasses.field(default_factory=dict)  # environment.properties for the report
+    allow_head: bool = False  # a profile's safety.allow_head
     abort_reason: str | None = None
     _timelines: list = dataclasses.field(default_factory=list)
 
@@ -101,6 +104,7 @@ class Experiment:
         self.dir = Path(env.out_dir) / "runs" / f"{self.slug}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._armed: list[tuple[Fault, Target, str, object]] = []
         self._targets: list[Target] = []
+        self._entries: list[str] = []  # ledger ids this experiment wrote
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
@@ -114,13 +118,15 @@ class Experiment:
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, transport_for=env.transport_for,
                            host_name_for=env.host_name_for, console_for=env.console_for,
-                           fresh_transport_for=env.fresh_transport_for, python=env.python)
+                           fresh_transport_for=env.fresh_transport_for, python=env.python,
+                           allow_head=env.allow_head)
         fault_env: dict[str, str] = {}
         for _, fault in self.faults:
             fault_env.update(fault.run_env())
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
+        self._free_cpus_before = ray.available_resources().get("CPU", 0)
         env.cluster.watch(self.timeline)
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
@@ -163,9 +169,11 @@ class Experiment:
                 for v in verdicts:
                     r.say(v.line())
         finally:
-            self._revert_all(ctx)
-            run.stop()
-            env.cluster.stop_watching()
+            # Each cleanup step on its own: one failing must neither skip the others nor hide
+            # the exception that brought us here.
+            self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
+            self._cleanup("stop the run", run.stop)
+            self._cleanup("stop the node watcher", env.cluster.stop_watching)
             env._timelines.remove(self.timeline)
             heal_verdict = self._heal()
             verdicts.append(heal_verdict)
@@ -191,15 +199,17 @@ class Experiment:
         entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(target), test=self.test_id)
         self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(), ledger_id=entry,
                            description=fault.describe(), detect_by="node" if fault.kills_node else "train")
+        # Armed before inject: whatever half-happened (an exception, Ctrl-C mid-command) is reverted.
+        self._armed.append((fault, target, entry, slot))
+        self._entries.append(entry)
         try:
             details = fault.inject(ctx, target)
-        except Exception as e:
-            self.env.ledger.mark(entry, "failed", error=str(e))
-            if slot is not None:
-                self.env.live_faults.release(slot)
-            raise InjectionError(f"injection failed: {fault.describe()} into {target.describe()}: {e}") from e
+        except BaseException as e:
+            self.env.ledger.mark(entry, "failed", error=f"inject: {e}")
+            if isinstance(e, Exception):
+                raise InjectionError(f"injection failed: {fault.describe()} into {target.describe()}: {e}") from e
+            raise
         self.env.ledger.mark(entry, "injected", **details)
-        self._armed.append((fault, target, entry, slot))
         self.reporter.say(f"injected {fault.describe()} into {target.describe()}: {details}")
         return target
 
@@ -227,43 +237,63 @@ class Experiment:
                                    "the next attempt's first report (or the run's end)")
         self.reporter.say(f"after the fault: {e.describe()}")
 
-    def _revert_all(self, ctx: FaultContext) -> None:
+    def _revert_all(self, ctx: FaultContext, final: bool = False) -> None:
+        """Revert every armed fault.  A failed revert keeps its live-fault slot and, unless
+        this is the final attempt, stays armed to be retried on the way out."""
+        failed = []
         while self._armed:
             fault, target, entry, slot = self._armed.pop()
-            if slot is not None:
-                self.env.live_faults.release(slot)
             try:
                 did = fault.revert(ctx, target)
-                self.env.ledger.mark(entry, "reverted" if did else "nothing-to-revert")
-                self.timeline.emit("fault", "fault_reverted", fault=fault.kind, ledger_id=entry, reverted=did)
             except Exception as e:
                 self.env.ledger.mark(entry, "failed", error=f"revert failed: {e}")
                 log.error("revert of %s (%s) failed: %s", fault.kind, entry, e)
+                failed.append((fault, target, entry, slot))
+                continue
+            self.env.ledger.mark(entry, "reverted" if did else "nothing-to-revert")
+            self.timeline.emit("fault", "fault_reverted", fault=fault.kind, ledger_id=entry, reverted=did)
+            if slot is not None:
+                self.env.live_faults.release(slot)
+        if not final:
+            self._armed.extend(failed)
+
+    def _cleanup(self, what: str, step) -> None:
+        try:
+            step()
+        except Exception as e:
+            log.error("cleanup step %r failed: %s", what, e)
+            self.reporter.say(f"cleanup: could not {what}: {e}")
 
     def _heal(self) -> Verdict:
-        error = None
         try:
             self.env.wait_healed(self.env.timeouts.heal_s)
+            nodes_ok, nodes_detail = self.env.healthy_workers()
         except Exception as e:
-            error = str(e)
-        nodes_ok, nodes_detail = self.env.healthy_workers()
-        if error and nodes_ok:
-            nodes_ok, nodes_detail = False, error
-        armed = [e for e in self.env.ledger.open_entries() if e.get("session") == self.env.ledger.session]
+            nodes_ok, nodes_detail = False, str(e)
+        try:
+            mine = set(self._entries)
+            armed = [e for e in self.env.ledger.open_entries()
+                     if e["id"] in mine and (e.get("revert") or {}).get("action", "none") != "none"]
+        except Exception as e:
+            armed = [{"fault": "ledger unreadable", "id": str(e)}]
         res_ok, res_detail = self._resources_free()
         return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
 
     def _resources_free(self) -> tuple[bool, str]:
-        """Once the job is gone, every CPU must be available again (no leaked actors)."""
-        import ray
+        """Once the job is gone, the CPUs free before it must be free again (no leaked actors).
+
+        Compared with the free CPUs seen before submission, not with the total, so other
+        tenants of a shared cluster do not make this fail."""
+        before = self._free_cpus_before or 0.0
 
         def check():
-            total, avail = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
-            return (f"all {total:g} CPUs free" if avail >= total else None), f"{avail:g} of {total:g} CPUs free"
+            avail = ray.available_resources().get("CPU", 0)
+            return (f"{avail:g} CPUs free, as before the run" if avail >= before else None), \
+                f"{avail:g} CPUs free, {before:g} were free before the run"
 
         try:
-            return True, poll_until(check, 60, "every CPU to be free after the run", interval=0.5)
-        except WaitTimeout as e:
+            return True, poll_until(check, 60, "the run's CPUs to be free again", interval=0.5)
+        except Exception as e:
             return False, f"leaked resources: {e}"
 
     # -- artefacts ---------------------------------------------------------------

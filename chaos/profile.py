@@ -70,6 +70,27 @@ def is_secret_name(name: str) -> bool:
     return any(w in _SECRET_WORDS for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:]))
 
 
+def secret_in_command(command: str) -> str | None:
+    """What looks like a secret in a command line (``HF_TOKEN=…``, ``--api-key …``, a PEM or
+    AWS key), or None.  Commands end up in reports, which are meant to be shared."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if eq and value and is_secret_name(name.lstrip("-")):
+            return f"{name}=… (a secret-looking value)"
+        if word.startswith("--") and not eq and is_secret_name(word[2:]) and i + 1 < len(words):
+            return f"{word} … (a secret-looking argument)"
+    for pattern, what in _SECRET_VALUES:
+        if pattern.search(command):
+            return what
+    return None
+
+
 # -- errors --------------------------------------------------------------------------------
 class Problem(typing.NamedTuple):
     loc: tuple  # path into the profile data: ("hosts", "defaults", "ssh", "port")

@@ -75,6 +75,13 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
     if config.getoption("chaos_workload") is not None and not config.getoption("chaos_workload").strip():
         raise pytest.UsageError("--chaos-workload is empty: give the command that starts your training script")
+    if config.getoption("chaos_workload"):
+        from chaos.profile import secret_in_command
+
+        secret = secret_in_command(config.getoption("chaos_workload"))
+        if secret:
+            raise pytest.UsageError(f"--chaos-workload contains {secret}: the command is written into reports; "
+                                    "pass secrets through the environment of your script's own config instead")
     workdir = config.getoption("chaos_workload_dir")
     if workdir is not None and not Path(workdir).is_dir():
         raise pytest.UsageError(f"--chaos-workload-dir {workdir}: not a directory")

@@ -67,11 +67,13 @@ class Timeline:
         self._cond = threading.Condition()
         self._listeners: list[Callable[[Event], None]] = []
         self._aborted: str | None = None
+        self._abort_exc: type[Exception] = Aborted
 
-    def abort(self, reason: str) -> None:
-        """Make every current and future wait raise Aborted (a stop condition fired)."""
+    def abort(self, reason: str, exc: type[Exception] = Aborted) -> None:
+        """Make every current and future wait raise ``exc`` — Aborted for a stop condition,
+        another ChaosError when the harness lost something it needs."""
         with self._cond:
-            self._aborted = reason
+            self._aborted, self._abort_exc = reason, exc
             self._cond.notify_all()
 
     # -- writing -----------------------------------------------------------------
@@ -125,7 +127,7 @@ class Timeline:
         with self._cond:
             while True:
                 if self._aborted:
-                    raise Aborted(f"aborted while waiting for {what}: {self._aborted}")
+                    raise self._abort_exc(f"stopped waiting for {what}: {self._aborted}")
                 events = list(self._events)
                 value = predicate(events)
                 if value:

@@ -145,7 +145,11 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
         msg = (f"retry budget exhausted: {count} failure{'s' if count != 1 else ''} charged to "
                f"{LIMIT_NAMES.get(cls, cls)}={limit}")
         if expect.budget_exhausted:
-            return Verdict("within-budget", "expected", msg + " (as this suite expects), and the run ended cleanly",
+            if expect.charged and cls not in expect.charged:
+                return Verdict("within-budget", "fail", f"charged to the wrong budget class: {msg}, but the faults "
+                               f"should have been charged to {sorted(expect.charged)}",
+                               "charged to the wrong budget class", evidence)
+            return Verdict("within-budget", "expected", msg + " (as this suite expects)",
                            "retry budget exhausted", evidence)
         return Verdict("within-budget", "fail", msg, "retry budget exhausted", evidence)
     if expect.budget_exhausted:

@@ -121,13 +121,23 @@ class Run:
                     f.write(chunk)
                     f.flush()
 
-        try:
-            asyncio.run(follow())
-        except Exception as e:  # the stream broke; the status below still tells the truth
-            log.warning("log stream of %s ended with %s", self.job_id, e)
-        info = self.client.get_job_info(self.job_id)
-        self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=str(info.status.value),
-                           message=info.message)
+        # The stream can also end because the websocket dropped: re-follow until the job's
+        # status is terminal, and always say how it ended (never leave the waits hanging).
+        status, message = "UNKNOWN", ""
+        for _ in range(20):
+            try:
+                asyncio.run(follow())
+            except Exception as e:
+                log.warning("log stream of %s broke: %s", self.job_id, e)
+            try:
+                info = self.client.get_job_info(self.job_id)
+                status, message = str(info.status.value), info.message
+            except Exception as e:
+                status, message = "UNKNOWN", f"could not read the job's status: {e}"
+                continue
+            if status in TERMINAL_JOB_STATES:
+                break
+        self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=status, message=message)
 
     # -- waits -------------------------------------------------------------------
     def _finished_reason(self, events: list[Event]) -> str | None:
@@ -147,9 +157,12 @@ class Run:
             ) from e
 
     def wait_finished(self, timeout: float) -> Event:
-        """Wait until the job has ended (the recorder's run_finished and the job status)."""
-        return self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
-                                      f"job {self.job_id} to finish")
+        """Wait until the job has ended, then collect every recorder event still in flight."""
+        job = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
+                                     f"job {self.job_id} to finish")
+        if self._pump is not None:
+            self._pump.drain()
+        return job
 
     def log_tail(self, lines: int = 30) -> str:
         try:

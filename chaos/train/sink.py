@@ -14,6 +14,7 @@ import threading
 
 import ray
 
+from chaos.errors import ClusterError
 from chaos.timeline import Event, Timeline
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class SinkPump:
         self._timeline = timeline
         self._cursor = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sink-pump", daemon=True)
         self.error: Exception | None = None
 
@@ -72,22 +74,27 @@ class SinkPump:
         while not self._stop.is_set():
             try:
                 batch = ray.get(self._sink.poll.remote(self._cursor, 1.0), timeout=30)
-            except Exception as e:  # the sink is gone: record why and stop pumping
+            except ray.exceptions.GetTimeoutError:
+                continue  # a busy head; the sink is still there
+            except Exception as e:  # the sink is gone: every wait must say so, not time out later
                 if not self._stop.is_set():
                     self.error = e
                     log.warning("event sink unreachable: %s", e)
+                    self._timeline.abort(f"the recorder's event sink was lost: {e}", ClusterError)
                 return
+            self._take(batch)
+
+    def _take(self, batch: list[dict]) -> None:
+        with self._lock:
             for raw in batch:
                 self._timeline.add(Event.from_json(raw))
             self._cursor += len(batch)
 
     def drain(self) -> None:
-        """Pull whatever is still in the sink, then stop."""
+        """Pull whatever is still in the sink, then stop (idempotent)."""
         self._stop.set()
         self._thread.join(timeout=35)
         try:
-            for raw in ray.get(self._sink.poll.remote(self._cursor, 0.0), timeout=30):
-                self._timeline.add(Event.from_json(raw))
-                self._cursor += 1
+            self._take(ray.get(self._sink.poll.remote(self._cursor, 0.0), timeout=30))
         except Exception as e:
             log.warning("could not drain the event sink: %s", e)

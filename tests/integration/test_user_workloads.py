@@ -82,6 +82,8 @@ def test_workload_that_fails_before_training_is_a_clear_error(tmp_path):
     (["--chaos-raylet-kill", "pkill"], "invalid choice: 'pkill'"),
     (["--chaos-workload", " "], "--chaos-workload is empty"),
     (["--chaos-workload-dir", "/nonexistent/dir"], "--chaos-workload-dir /nonexistent/dir: not a directory"),
+    (["--chaos-workload", "HF_TOKEN=hf_abc python train.py"], "--chaos-workload contains HF_TOKEN=…"),
+    (["--chaos-workload", "python train.py --api-key abc"], "--chaos-workload contains --api-key …"),
 ])
 def test_bad_option_values_are_clear_usage_errors(args, message):
     p = subprocess.run([sys.executable, "-m", "pytest", "-m", "chaos", "suites", "-p", "no:cacheprovider", *args],

@@ -581,3 +581,12 @@ def test_profile_from_dict_errors_have_no_line():
 def test_parse_profile_text():
     p = parse_profile(MINIMAL, "<inline>")
     assert isinstance(p, Profile) and p.source == "<inline>"
+
+
+def test_secret_in_command_finds_tokens_and_keys_but_not_ordinary_flags():
+    from chaos.profile import secret_in_command
+
+    assert secret_in_command("HF_TOKEN=hf_x python train.py") .startswith("HF_TOKEN=")
+    assert secret_in_command("python train.py --api-key abc").startswith("--api-key")
+    assert secret_in_command("python t.py --aws AKIAABCDEFGHIJKLMNOP") == "an AWS access key id"
+    assert secret_in_command("TOKENIZERS_PARALLELISM=false python train.py --lr 0.1 --steps 3") is None

@@ -141,3 +141,11 @@ def test_check_raises_an_assertion_with_every_failed_message():
         check(verdicts_for(tl, EXPECT_ONE))
     assert isinstance(err.value, AssertionError)
     assert str(err.value).startswith("retry budget exhausted: 1 failure charged to max_failures=0")
+
+
+def test_exhaustion_of_the_wrong_budget_is_a_finding_even_when_exhaustion_is_expected():
+    tl = (Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", budget_class="preemption", limit=0)
+          .finish("ERRORED").timeline())
+    v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class"
+    assert "max_preemption_failures=0" in v.message
