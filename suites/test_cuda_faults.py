@@ -33,8 +33,10 @@ def run_with(chaos, fault):
     )
 
 
-def rank_pids(outcome, rank):
-    return [next(p["pid"] for p in a.data["placement"] if p["rank"] == rank) for a in outcome.timeline.attempts()]
+def rank_processes(outcome, rank):
+    """(node id, pid) of ``rank`` per attempt: PIDs alone repeat across test hosts' PID namespaces."""
+    return [next((p["node_id"], p["pid"]) for p in a.data["placement"] if p["rank"] == rank)
+            for a in outcome.timeline.attempts()]
 
 
 def test_ecc_error_in_rank_1_after_checkpoint_2(chaos, cuda_driver_dir):
@@ -46,8 +48,9 @@ def test_ecc_error_in_rank_1_after_checkpoint_2(chaos, cuda_driver_dir):
     assert inj.data["error"] == 214 and inj.data["rank"] == 1, inj.data
     errors = outcome.timeline.of("worker_error")
     assert any("uncorrectable ECC error encountered" in msg for e in errors for msg in e.data["errors"].values()), errors
-    old, new = rank_pids(outcome, 1)[:2]
-    assert inj.data["pid"] == old and new != old, "the faulty process must be replaced by a new one"
+    old, new = rank_processes(outcome, 1)[:2]
+    assert inj.data["pid"] == old[1], f"the shim fired in pid {inj.data['pid']}, rank 1 was {old}"
+    assert new != old, f"the faulty process {old} must be replaced by a new one, got {new}"
 
 
 def test_sticky_error_proves_the_old_process_could_not_go_on(chaos, cuda_driver_dir):
@@ -58,7 +61,7 @@ def test_sticky_error_proves_the_old_process_could_not_go_on(chaos, cuda_driver_
     messages = [m for e in outcome.timeline.of("worker_error") for m in e.data["errors"].values()]
     assert any("an illegal memory access was encountered" in m and "failed too" in m and "unusable" in m
                for m in messages), messages
-    assert injections(outcome)[0].data["pid"] == rank_pids(outcome, 1)[0]
+    assert injections(outcome)[0].data["pid"] == rank_processes(outcome, 1)[0][1]
 
 
 def test_hang_is_caught_by_the_collective_timeout(chaos, cuda_driver_dir):
