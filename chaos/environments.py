@@ -19,6 +19,7 @@ import ray
 
 import chaos
 from chaos.cluster import ClusterView
+from chaos.embedded import netns
 from chaos.errors import ChaosError, ClusterError
 from chaos.experiment import Environment
 from chaos.ledger import Ledger
@@ -71,28 +72,6 @@ class ClusterLock:
         if self._actor is not None:
             ray.kill(self._actor)
             self._actor = None
-
-
-class NetnsConsole:
-    """Out-of-band access to an embedded test host started by another process: its netns."""
-
-    def __init__(self, netns_name: str):
-        self.netns = netns_name
-
-    def partition(self) -> None:
-        from chaos.embedded import netns
-
-        netns.partition(self.netns)
-
-    def heal(self) -> None:
-        from chaos.embedded import netns
-
-        netns.heal(self.netns)
-
-    def is_partitioned(self) -> bool:
-        from chaos.embedded import netns
-
-        return netns.is_partitioned(self.netns)
 
 
 def _connect(gcs_address: str, driver_ip: str | None) -> None:
@@ -240,7 +219,7 @@ def profile_environment(profile, out: Path, dry_run: bool = False, reporter: Rep
 
         def console(ip):
             netns_name = profile.access_for(ip).netns
-            return NetnsConsole(netns_name) if netns_name else None
+            return netns.Console(netns_name) if netns_name else None
 
         env = Environment(
             cluster=view, head_node_id=head.node_id, ledger=Ledger(out / "ledger.jsonl"), out_dir=out,

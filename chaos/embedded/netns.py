@@ -79,6 +79,27 @@ def is_partitioned(netns: str) -> bool:
                for chain, *rule in _PARTITION_RULES)
 
 
+class Console:
+    """Out-of-band access to a host through its network namespace: cut it off and heal it.
+
+    The partition persists across the host's reboots.  Subclasses (a TestHost) provide
+    ``netns`` themselves; ``Console(name)`` reaches a namespace by name alone, e.g. one a
+    separately started embedded cluster owns.
+    """
+
+    def __init__(self, netns: str):
+        self.netns = netns
+
+    def partition(self) -> None:
+        partition(self.netns)
+
+    def heal(self) -> None:
+        heal(self.netns)
+
+    def is_partitioned(self) -> bool:
+        return is_partitioned(self.netns)
+
+
 def filter_rules(netns: str) -> list[str]:
     """The netns's filter rules as ``iptables -S`` prints them, minus the default policies."""
     out = _iptables(netns, "-S").stdout.splitlines()

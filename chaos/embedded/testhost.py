@@ -159,7 +159,7 @@ def _tail(path: Path, lines: int = 8) -> str:
         return "(no log)"
 
 
-class TestHost:
+class TestHost(netns.Console):  # partition / heal / is_partitioned through its netns
     """One simulated machine. Create through ``TestHostNetwork.add_host``.
 
     ``workload`` (argv) and ``env`` are read at every boot, so they may be set after the
@@ -340,18 +340,6 @@ class TestHost:
         if not self._cv.wait_for(predicate, timeout):
             raise WaitTimeout(f"{self.name}: awaited {awaited} for {timeout:.1f}s; saw state "
                               f"{self._state.value}, boot #{self._boot_count} ({self._last_detail})")
-
-    # --- partition -----------------------------------------------------------------------
-
-    def partition(self) -> None:
-        """Drop all non-loopback traffic of this host (persists across its reboots)."""
-        netns.partition(self.netns)
-
-    def heal(self) -> None:
-        netns.heal(self.netns)
-
-    def is_partitioned(self) -> bool:
-        return netns.is_partitioned(self.netns)
 
     # --- lifecycle -----------------------------------------------------------------------
 
