@@ -140,9 +140,9 @@ class ClusterView:
                 for n in nodes:
                     was = known.get(n.node_id)
                     if was is None and n.alive:
-                        timeline.emit("cluster", "node_alive", t=n.start_time or time.time(), node_id=n.node_id, node_ip=n.ip)
+                        timeline.emit("cluster", "node_alive", t=timeline.from_head(n.start_time) if n.start_time else time.time(), node_id=n.node_id, node_ip=n.ip)
                     elif was and not n.alive:
-                        timeline.emit("cluster", "node_dead", t=n.end_time or time.time(), node_id=n.node_id,
+                        timeline.emit("cluster", "node_dead", t=timeline.from_head(n.end_time) if n.end_time else time.time(), node_id=n.node_id,
                                       node_ip=n.ip, death_reason=n.death_reason)
                     known[n.node_id] = n.alive
 

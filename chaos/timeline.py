@@ -6,20 +6,30 @@ notified on every append, so a trigger fires on the event itself, never on a sle
 
 Event kinds (``source`` / ``kind`` / notable ``data`` keys):
 
-recorder  controller_started   run_name, storage_path, failure_config{max_failures,...}
+(every recorder event also carries run_id: the Train run, one per fit())
+recorder  controller_started   run_name, storage_path, failure_config{max_failures,...},
+                               step_metric, step_metric_names, state_metric
 recorder  state_changed        prev, cur (TrainControllerState names)
 recorder  attempt_started      attempt, placement[{rank, node_id, pid, node_ip}]
-recorder  report               attempt, step (None if the metric is missing),
-                               checkpoint (path or None), metrics
+recorder  report               attempt, steps{rank: step}, step_sources{rank: metric|last
+                               reported}, step (rank 0's), states{rank: value} or None,
+                               checkpoint (path or None), metrics (rank 0's scalars)
 recorder  failure_decision     attempt, decision (RETRY|RAISE), budget_class
                                (worker_group|preemption|controller), count, limit, error
 recorder  run_finished         state (FINISHED|ERRORED|ABORTED), error
 fault     fault_injected       fault, target{node_id, node_ip, host}, ledger_id, ...
+                               (t: when the injection was issued)
+fault     fault_returned       ledger_id (t: when the injection command returned)
+fault     fault_detected       ledger_id, by (t: the detecting event's own time)
 fault     fault_reverted       fault, ledger_id
 cluster   node_dead            node_id, node_ip, death_reason
 cluster   node_alive           node_id, node_ip
+harness   clock_offset         offset_s (head clock - harness clock), rtt_s
 harness   job_finished         status, message
 shim      cuda_injection       symbol, error, mode, rank, pid, call
+
+Times are on the harness's clock: events stamped on the head (recorder, GCS node
+states) are corrected by the measured clock offset as they arrive (`from_head`).
 """
 
 from __future__ import annotations
@@ -65,9 +75,20 @@ class Timeline:
     def __init__(self, events: Iterable[Event] = ()):
         self._events: list[Event] = sorted(events, key=lambda e: e.t)
         self._cond = threading.Condition()
-        self._listeners: list[Callable[[Event], None]] = []
         self._aborted: str | None = None
         self._abort_exc: type[Exception] = Aborted
+        self.clock_offset = 0.0  # head clock - harness clock, measured at the run's start
+        self.clock_uncertainty = 0.5  # seconds either way when comparing head and harness times
+
+    def set_clock_offset(self, offset_s: float, rtt_s: float) -> None:
+        """Record the head's clock offset; head-stamped events are corrected from now on."""
+        self.clock_offset = offset_s
+        self.clock_uncertainty = max(0.05, rtt_s)
+        self.emit("harness", "clock_offset", offset_s=offset_s, rtt_s=rtt_s)
+
+    def from_head(self, t: float) -> float:
+        """A head-clock time on the harness's clock."""
+        return t - self.clock_offset
 
     def abort(self, reason: str, exc: type[Exception] = Aborted) -> None:
         """Make every current and future wait raise ``exc`` — Aborted for a stop condition,
@@ -82,18 +103,11 @@ class Timeline:
             self._events.append(event)
             self._events.sort(key=lambda e: e.t)
             self._cond.notify_all()
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(event)
 
     def emit(self, source: str, kind: str, t: float | None = None, **data: Any) -> Event:
         event = Event(t=time.time() if t is None else t, source=source, kind=kind, data=data)
         self.add(event)
         return event
-
-    def subscribe(self, listener: Callable[[Event], None]) -> None:
-        with self._cond:
-            self._listeners.append(listener)
 
     # -- reading -----------------------------------------------------------------
     @property
@@ -160,13 +174,24 @@ class Timeline:
     def reports(self, attempt: int | None = None) -> list[Event]:
         return [e for e in self.of("report") if attempt is None or e.attempt == attempt]
 
-    def committed_before(self, t: float) -> Event | None:
-        """Latest report carrying a committed checkpoint seen before time ``t``."""
-        latest = None
-        for e in self.of("report"):
-            if e.t <= t and e.data.get("checkpoint"):
-                latest = e
-        return latest
+
+
+def steps_of(report: Event) -> dict[int, int | float]:
+    """rank -> step of one report event (ranks without a step left out)."""
+    steps = report.data.get("steps")
+    if steps is None:  # a single-rank record
+        step = report.data.get("step")
+        return {} if step is None else {0: step}
+    return {int(rank): step for rank, step in steps.items() if step is not None}
+
+
+def runs(timeline: Timeline) -> list[tuple[str, list[Event]]]:
+    """The recorder events of each Train run (one per ``fit()``), in the order the runs started."""
+    grouped: dict[str, list[Event]] = {}
+    for e in timeline.events:
+        if e.source == "recorder":
+            grouped.setdefault(e.data.get("run_id", ""), []).append(e)
+    return list(grouped.items())
 
 
 def _tail(events: list[Event], n: int = 5) -> str:
@@ -182,29 +207,43 @@ class RecoveryMetrics:
     time_to_restart: float | None
     time_to_recover: float | None
     steps_lost: int | None
+    recovered_attempt: int | None = None
+    after_run_end: bool = False
+    inject_took: float | None = None  # issue -> the injection command returned
+
+
+def _detection(timeline: Timeline, fault: Event) -> Event | None:
+    """The fault's own detection (recorded by the experiment from the fault's predicate)."""
+    ledger_id = fault.data.get("ledger_id")
+    return timeline.first("fault_detected", where=lambda e: e.data.get("ledger_id") == ledger_id)
 
 
 def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
-    """For every injected fault: fault → detected → next attempt → its first report.
+    """For every injected fault: fault → detected → the attempt that recovered → its first report.
 
-    Detected means the target node marked DEAD, or — for faults that leave the node up
-    (``detect_by == "train"``, e.g. a CUDA error) — Train seeing a worker fail.
+    The attempt that recovered is the first one started after the fault that reported at
+    all (an attempt that failed while starting, e.g. waiting for a replacement node, is
+    not a recovery).
     """
     out = []
+    reports = timeline.reports()
     for fault in timeline.of("fault_injected"):
-        node_id = (fault.data.get("target") or {}).get("node_id")
-        if fault.data.get("detect_by") == "train":
-            dead = timeline.first("worker_error", after=fault.t) or timeline.first("failure_decision", after=fault.t)
-        else:
-            dead = timeline.first("node_dead", after=fault.t,
-                                  where=lambda e: node_id is None or e.data.get("node_id") == node_id)
-        restart = timeline.first("attempt_started", after=fault.t)
-        first_report = None
-        if restart is not None:
-            first_report = timeline.first("report", after=restart.t, where=lambda e: e.attempt == restart.attempt)
+        ledger_id = fault.data.get("ledger_id")
+        dead = _detection(timeline, fault)
+        returned = timeline.first("fault_returned", where=lambda e: e.data.get("ledger_id") == ledger_id)
+        ended = timeline.first("run_finished")
+        after_end = ended is not None and ended.t < fault.t - timeline.clock_uncertainty and not any(
+            a.t > fault.t for a in timeline.attempts())
+        restart, first_report = None, None
+        for a in (a for a in timeline.attempts() if a.t >= fault.t):
+            first_report = next((r for r in reports if r.t >= a.t and r.attempt == a.attempt
+                                 and r.data.get("run_id") == a.data.get("run_id")), None)
+            if first_report is not None:
+                restart = a
+                break
         steps_lost = None
         if first_report is not None and first_report.data.get("step") is not None:
-            before = [r for r in timeline.reports() if r.t <= fault.t and r.data.get("step") is not None]
+            before = [r for r in reports if r.t <= fault.t and r.data.get("step") is not None]
             if before:
                 steps_lost = max(0, max(r.data["step"] for r in before) - first_report.data["step"] + 1)
         out.append(
@@ -214,6 +253,9 @@ def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
                 time_to_restart=restart.t - fault.t if restart else None,
                 time_to_recover=first_report.t - fault.t if first_report else None,
                 steps_lost=steps_lost,
+                recovered_attempt=restart.attempt if restart else None,
+                after_run_end=after_end,
+                inject_took=returned.t - fault.t if returned else None,
             )
         )
     return out

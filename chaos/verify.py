@@ -4,27 +4,36 @@ Knows nothing about transports or clusters: everything it judges is in the timel
 (recorder, fault and node events) plus the expectations the suite states.
 
 Statuses: ``pass``; ``fail``; ``unverifiable`` (the evidence to decide is missing, e.g.
-no step metric — never guessed); ``expected`` (an expected failure was correctly seen,
-e.g. an exhausted retry budget in a budget-exhaustion suite).  Failure messages start
-with the diagnosis phrase, which the report's categories match on.
+no step metric — never guessed, and by default it fails the test); ``expected`` (an
+expected failure was correctly seen, e.g. an exhausted retry budget in a
+budget-exhaustion suite); ``n/a`` (the claim does not arise in this run, e.g. no step
+was re-done so there is no state to compare — said so, never counted as a pass).
+Failure messages start with the diagnosis phrase, which the report's categories match on.
+
+A driver may hold several Train runs (``fit()`` twice); every rule is applied per run.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
 from chaos.errors import VerificationError
-from chaos.timeline import Event, Timeline, recovery_metrics
+from chaos.faults.catalog import limit_name
+from chaos.timeline import Event, Timeline, recovery_metrics, runs, steps_of
 
-LIMIT_NAMES = {"worker_group": "max_failures", "preemption": "max_preemption_failures",
-               "controller": "controller_failure_limit"}
+# A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
+STATE_RTOL = 1e-4
+STATE_ATOL = 1e-6
+# Ray's own startup errors: a restart waiting for capacity the fault took away.
+CAPACITY_ERRORS = ("WorkerGroupStartupTimeoutError", "WorkerGroupStartupFailedError")
 
 
 @dataclasses.dataclass
 class Verdict:
     name: str
-    status: str  # pass | fail | unverifiable | expected
+    status: str  # pass | fail | unverifiable | expected | n/a
     message: str
     diagnosis: str | None = None
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -32,6 +41,10 @@ class Verdict:
     @property
     def failed(self) -> bool:
         return self.status == "fail"
+
+    def fails(self, unverifiable: str = "fail") -> bool:
+        """Whether this verdict fails the test (``unverifiable`` is ``fail`` or ``warn``)."""
+        return self.status == "fail" or (self.status == "unverifiable" and unverifiable == "fail")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,72 +64,383 @@ class Expectation:
 
 
 # -- resumed-from-latest -------------------------------------------------------------
+@dataclasses.dataclass
+class _RankJudgement:
+    rank: int
+    got: Any
+    status: str  # pass | fail | unverifiable
+    diagnosis: str | None = None
+    expected: Any = None
+    checkpoint_step: Any = None
+    rule: str = ""
+    why: str = ""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _RunReports:
+    """One run's reports, with the per-rank views the resume rule needs."""
+
+    def __init__(self, events: list[Event]):
+        self.reports = [e for e in events if e.kind == "report"]
+        self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"})
+        self.stepped = [r for r in self.reports if steps_of(r)]
+        self.strides = self._strides()
+
+    def _strides(self) -> dict[int, Any]:
+        """Per rank: the most common positive step difference between consecutive reports
+        of one attempt (the run's reporting stride)."""
+        diffs: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        last: dict[tuple[int, int], Any] = {}
+        for r in self.stepped:
+            for rank, step in steps_of(r).items():
+                prev = last.get((r.attempt, rank))
+                if prev is not None and step > prev:
+                    diffs[rank][step - prev] += 1
+                last[(r.attempt, rank)] = step
+        return {rank: c.most_common(1)[0][0] for rank, c in diffs.items() if c}
+
+    def first_of(self, attempt: int) -> Event | None:
+        return next((r for r in self.stepped if r.attempt == attempt), None)
+
+    def next_after(self, commit: Event, rank: int):
+        """The step ``rank`` reported right after ``commit``, in the attempt that committed it."""
+        after = False
+        for r in self.stepped:
+            if r is commit:
+                after = True
+                continue
+            if after and r.attempt == commit.attempt and rank in steps_of(r):
+                return steps_of(r)[rank]
+        return None
+
+    def resume_points(self, commit: Event, rank: int) -> tuple[Any, Any, str] | None:
+        """(checkpoint step, expected next step, rule) for ``rank`` resuming from ``commit``."""
+        ck = steps_of(commit).get(rank)
+        if ck is None:
+            return None
+        nxt = self.next_after(commit, rank)
+        if nxt is not None:
+            return ck, nxt, f"the step that followed checkpoint step {ck} in attempt {commit.attempt}'s reports"
+        stride = self.strides.get(rank)
+        if stride is not None:
+            return ck, ck + stride, f"checkpoint step {ck} + the run's reporting stride {stride}"
+        return ck, None, f"no report followed checkpoint step {ck} and the run showed no reporting stride"
+
+    def ranks_agreed_before(self, attempt: int) -> bool:
+        return all(len(set(steps_of(r).values())) <= 1 for r in self.stepped if r.attempt < attempt)
+
+
+_SEVERITY = ["restarted from scratch", "resumed from an older checkpoint", "resumed past the checkpoint",
+             "resumed at an unexpected step"]
+
+
+def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_step) -> _RankJudgement:
+    if not commits:
+        rule = "no checkpoint existed yet, so a fresh start at the run's first step"
+        if got == first_step:
+            return _RankJudgement(rank, got, "pass", "no checkpoint existed yet", first_step, None, rule)
+        return _RankJudgement(rank, got, "fail", "resumed at an unexpected step", first_step, None, rule,
+                              f"no checkpoint existed yet, so step {first_step} was expected")
+    points = run.resume_points(commits[-1], rank)
+    if points is None:
+        return _RankJudgement(rank, got, "unverifiable", "unverifiable: no step at the checkpoint",
+                              why=f"the latest checkpoint's report carried no step for rank {rank}")
+    ck, nxt, rule = points
+    if got == nxt or got == ck:
+        return _RankJudgement(rank, got, "pass", None, nxt, ck, rule if got == nxt else
+                              f"first report at the checkpoint's own step {ck} (evaluate after load)")
+    if nxt is None:
+        return _RankJudgement(rank, got, "unverifiable", "unverifiable: no reporting stride", None, ck, rule, rule)
+    older = []
+    for c in commits[:-1]:
+        p = run.resume_points(c, rank)
+        if p is not None and got in (p[0], p[1]):
+            older.append(p[0])
+    if first_step is not None and got <= first_step:
+        diagnosis = "restarted from scratch"
+    elif older:
+        diagnosis = "resumed from an older checkpoint"
+    elif got > nxt:
+        diagnosis = "resumed past the checkpoint"
+    else:
+        diagnosis = "resumed at an unexpected step"
+    why = {"restarted from scratch": f"the run's first step was {first_step}",
+           "resumed from an older checkpoint": f"that follows checkpoint step {older[-1] if older else '?'}",
+           "resumed past the checkpoint": f"steps {nxt}..{got} were skipped",
+           "resumed at an unexpected step": f"expected {nxt}"}[diagnosis]
+    return _RankJudgement(rank, got, "fail", diagnosis, nxt, ck, rule, why)
+
+
 def resumed_from_latest(timeline: Timeline) -> list[Verdict]:
-    """One verdict per restart: did attempt k+1 start right after the latest checkpoint?"""
-    attempts = sorted(timeline.attempts(), key=lambda e: e.attempt)
-    reports = timeline.reports()
-    if len(attempts) < 2:
-        return []
-    if not any(r.data.get("step") is not None for r in reports):
-        metric = (timeline.first("controller_started") or Event(0, "", "", {})).data.get("step_metric", "step")
-        return [Verdict("resumed-from-latest", "unverifiable",
-                        f"unverifiable: no step metric {metric!r} in the run's reports; pass --chaos-step-metric "
-                        "with the metric your script reports", "unverifiable: no step metric",
-                        {"reports": len(reports), "step_metric": metric})]
-    first0 = next((r.data["step"] for r in reports if r.attempt == attempts[0].attempt
-                   and r.data.get("step") is not None), None)
+    """One verdict per restart per run: did every rank resume right after the latest checkpoint?"""
+    all_runs = runs(timeline)
     verdicts = []
-    for new in attempts[1:]:
-        before = [r for r in reports if r.t <= new.t and r.data.get("step") is not None]
-        commits = [r for r in before if r.data.get("checkpoint")]
-        first = next((r for r in reports if r.attempt == new.attempt and r.data.get("step") is not None), None)
-        evidence = {
-            "attempt": new.attempt,
-            "latest_checkpoint": commits[-1].data["checkpoint"] if commits else None,
-            "latest_checkpoint_step": commits[-1].data["step"] if commits else None,
-            "committed_steps": [c.data["step"] for c in commits],
-            "first_step_of_attempt": first.data["step"] if first else None,
-            "first_step_of_run": first0,
-            "max_step_before_restart": max((r.data["step"] for r in before), default=None),
-        }
-        name = f"resumed-from-latest (attempt {new.attempt})"
+    for i, (run_id, events) in enumerate(all_runs, 1):
+        label = f"run {i}, " if len(all_runs) > 1 else ""
+        verdicts.extend(_resumes_of_run(timeline, run_id, events, label))
+    return verdicts
+
+
+def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label: str) -> list[Verdict]:
+    run = _RunReports(events)
+    if len(run.attempts) < 2:
+        return []
+    started = next((e for e in events if e.kind == "controller_started"), None)
+    if not run.stepped:
+        data = started.data if started else {}
+        names = data.get("step_metric_names") or [data.get("step_metric", "step")]
+        metric = ", ".join(repr(n) for n in names)
+        return [Verdict(f"resumed-from-latest ({label}run)", "unverifiable",
+                        f"unverifiable: no step metric {metric} in the run's reports; pass --chaos-step-metric "
+                        "with the metric your script reports", "unverifiable: no step metric",
+                        {"reports": len(run.reports), "step_metric": metric, "run_id": run_id})]
+    if not any(r.data.get("checkpoint") for r in run.reports):
+        return [Verdict(f"resumed-from-latest ({label}run)", "unverifiable",
+                        "unverifiable: the run reported no checkpoint to Ray Train, so no restart can be judged "
+                        "(a script that saves checkpoints itself must also pass them to ray.train.report)",
+                        "unverifiable: no checkpoint reported", {"reports": len(run.reports), "run_id": run_id})]
+    first_attempt = run.first_of(run.attempts[0])
+    first_steps = steps_of(first_attempt) if first_attempt else {}
+    verdicts, silent = [], []
+    for attempt in run.attempts[1:]:
+        first = run.first_of(attempt)
+        name = f"resumed-from-latest ({label}attempt {attempt})"
         if first is None:
-            verdicts.append(Verdict(name, "unverifiable", f"unverifiable: attempt {new.attempt} reported no step",
-                                    "unverifiable: no report in attempt", evidence))
+            silent.append(attempt)  # never reported (failed while starting, or the run ended): judged by others
             continue
-        got = first.data["step"]
-        if not commits:
-            ok = got == first0
-            verdicts.append(Verdict(
-                name, "pass" if ok else "fail",
-                (f"no checkpoint existed yet: attempt {new.attempt} correctly started from step {got}" if ok else
-                 f"resumed at an unexpected step: no checkpoint existed yet, so step {first0} was expected, got {got}"),
-                "no checkpoint existed yet" if ok else "resumed at an unexpected step", evidence))
-            continue
-        latest = commits[-1].data["step"]
-        older = [c.data["step"] for c in commits[:-1]]
-        if got == latest + 1:
-            verdicts.append(Verdict(name, "pass", f"attempt {new.attempt} resumed at step {got}, right after the "
-                                    f"latest checkpoint (step {latest})", None, evidence))
-        elif got == first0:
-            verdicts.append(Verdict(name, "fail", f"restarted from scratch: attempt {new.attempt} began at step {got} "
-                                    f"although checkpoint step {latest} was committed "
-                                    f"({evidence['latest_checkpoint']})", "restarted from scratch", evidence))
-        elif got - 1 in older:
-            verdicts.append(Verdict(name, "fail", f"resumed from an older checkpoint: attempt {new.attempt} began at "
-                                    f"step {got} (after checkpoint step {got - 1}), the latest was step {latest}",
-                                    "resumed from an older checkpoint", evidence))
-        elif got > latest + 1:
-            verdicts.append(Verdict(name, "fail", f"resumed from a future step: attempt {new.attempt} began at step "
-                                    f"{got}, past the latest checkpoint (step {latest})",
-                                    "resumed from a future step", evidence))
+        commits = [r for r in run.reports if r.attempt < attempt and r.data.get("checkpoint")]
+        judged = [_judge_rank(run, rank, got, commits, first_steps.get(rank))
+                  for rank, got in sorted(steps_of(first).items())]
+        latest = commits[-1] if commits else None
+        evidence = {
+            "run_id": run_id, "attempt": attempt, "attempts_that_never_reported": list(silent),
+            "latest_checkpoint": latest.data["checkpoint"] if latest else None,
+            "latest_checkpoint_step": steps_of(latest).get(0, latest.data.get("step")) if latest else None,
+            "committed_steps": [c.data.get("step") for c in commits],
+            "first_step_of_attempt": first.data.get("step"),
+            "first_steps_of_run": first_steps,
+            "reporting_stride": run.strides,
+            "step_sources": first.data.get("step_sources"),
+            "ranks": {j.rank: j.to_json() for j in judged},
+        }
+        verdicts.append(_combine(name, attempt, judged, latest, run.ranks_agreed_before(attempt), evidence))
+        silent = []
+    return verdicts
+
+
+def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Event | None, agreed: bool,
+             evidence: dict) -> Verdict:
+    failed = sorted((j for j in judged if j.status == "fail"), key=lambda j: (_SEVERITY.index(j.diagnosis)
+                                                                               if j.diagnosis in _SEVERITY else 9))
+    ok = [j for j in judged if j.status == "pass"]
+    ck_desc = (f"checkpoint step {judged[0].checkpoint_step} was committed ({latest.data['checkpoint']})"
+               if latest is not None else "no checkpoint existed")
+    if failed:
+        lead = failed[0]
+        evidence["rule"] = lead.rule
+        every = " on every rank" if len(judged) > 1 else ""
+        if len(failed) == len(judged) and len({j.got for j in judged}) == 1:
+            head = f"{lead.diagnosis}: attempt {attempt} began at step {lead.got}{every}"
+            head += f" although {ck_desc} ({lead.why})" if latest is not None else f" ({lead.why})"
         else:
-            verdicts.append(Verdict(name, "fail", f"resumed at an unexpected step: attempt {new.attempt} began at "
-                                    f"step {got}, expected {latest + 1}", "resumed at an unexpected step", evidence))
+            bad = ", ".join(f"rank {j.rank} began attempt {attempt} at step {j.got} ("
+                            + (f"{j.diagnosis}: " if j.diagnosis != lead.diagnosis else "") + f"{j.why})"
+                            for j in failed)
+            head = f"{lead.diagnosis}: {bad}"
+            if ok:
+                head += " while " + ", ".join(f"rank {j.rank} resumed at {j.got}" for j in ok)
+            if latest is not None:
+                head += f"; {ck_desc}"
+        return Verdict(name, "fail", f"{head} (rule: {lead.rule})", lead.diagnosis, evidence)
+    unsure = [j for j in judged if j.status == "unverifiable"]
+    if unsure:
+        evidence["rule"] = unsure[0].rule
+        return Verdict(name, "unverifiable", f"unverifiable: attempt {attempt}, rank {unsure[0].rank}: {unsure[0].why}",
+                       unsure[0].diagnosis, evidence)
+    starts = {j.rank: j.got for j in judged}
+    if len(set(starts.values())) > 1 and agreed:
+        evidence["rule"] = "ranks reported the same step before the restart"
+        parts = ", ".join(f"rank {r} at step {s}" for r, s in starts.items())
+        return Verdict(name, "fail", f"ranks disagree: after the restart attempt {attempt} began with {parts}, "
+                       "although the ranks reported the same steps before it", "ranks disagree", evidence)
+    j = judged[0]
+    evidence["rule"] = j.rule
+    every = f" on every rank ({len(judged)})" if len(judged) > 1 else ""
+    if latest is None:
+        return Verdict(name, "pass", f"no checkpoint existed yet: attempt {attempt} correctly started from step "
+                       f"{j.got}{every}", "no checkpoint existed yet", evidence)
+    if j.got == j.checkpoint_step:
+        how = f"at the latest checkpoint's own step ({j.checkpoint_step}), evaluating after loading it"
+    else:
+        how = f"right after the latest checkpoint (step {j.checkpoint_step})"
+    return Verdict(name, "pass", f"attempt {attempt} resumed at step {j.got}, {how}{every} (rule: {j.rule})",
+                   None, evidence)
+
+
+# -- state-restored --------------------------------------------------------------------
+def state_restored(timeline: Timeline) -> list[Verdict]:
+    """Per restart: a re-done step's state value (e.g. loss) equals the earlier attempt's.
+
+    Catches a restore that set the step counter but not the weights.  Only for runs that
+    record a state metric (deterministic workloads)."""
+    verdicts = []
+    all_runs = runs(timeline)
+    for i, (run_id, events) in enumerate(all_runs, 1):
+        reports = [e for e in events if e.kind == "report" and e.data.get("states")]
+        if not reports:
+            continue
+        label = f"run {i}, " if len(all_runs) > 1 else ""
+        attempts = sorted({r.attempt for r in reports})
+        for attempt in attempts[1:]:
+            seen: dict[tuple[int, Any], tuple[int, float]] = {}
+            for r in reports:
+                if r.attempt < attempt:
+                    for rank, step in steps_of(r).items():
+                        value = (r.data["states"] or {}).get(str(rank))
+                        if value is not None:
+                            seen[(rank, step)] = (r.attempt, value)
+            compared, mismatched = [], []
+            for r in (x for x in reports if x.attempt == attempt):
+                for rank, step in steps_of(r).items():
+                    value = (r.data["states"] or {}).get(str(rank))
+                    if value is None or (rank, step) not in seen:
+                        continue
+                    was_attempt, was = seen[(rank, step)]
+                    row = {"rank": rank, "step": step, "value": value, "earlier": was, "earlier_attempt": was_attempt}
+                    compared.append(row)
+                    if abs(value - was) > STATE_ATOL + STATE_RTOL * abs(was):
+                        mismatched.append(row)
+            name = f"state-restored ({label}attempt {attempt})"
+            evidence = {"run_id": run_id, "attempt": attempt, "compared": compared, "rtol": STATE_RTOL,
+                        "atol": STATE_ATOL}
+            metric = next((e.data.get("state_metric") for e in events if e.kind == "controller_started"), "state")
+            if not compared:
+                verdicts.append(Verdict(name, "n/a", f"not checked: attempt {attempt} re-did no step that an "
+                                        f"earlier attempt had reported, so there is no {metric} to compare",
+                                        None, evidence))
+            elif mismatched:
+                m = mismatched[0]
+                verdicts.append(Verdict(
+                    name, "fail", f"state not restored: rank {m['rank']} reported {metric} {m['value']:.6g} at "
+                    f"re-done step {m['step']} in attempt {attempt}, but {m['earlier']:.6g} in attempt "
+                    f"{m['earlier_attempt']} ({len(mismatched)} of {len(compared)} re-done reports differ): the "
+                    "step counter was restored, the model state was not", "state not restored", evidence))
+            else:
+                verdicts.append(Verdict(name, "pass", f"{len(compared)} re-done report(s) reproduced the earlier "
+                                        f"attempt's {metric}", None, evidence))
     return verdicts
 
 
 # -- within-budget ---------------------------------------------------------------------
+@dataclasses.dataclass
+class Attribution:
+    """Which injected fault caused each of Ray's failure decisions."""
+
+    by_fault: dict[str, list[Event]]  # ledger id -> decisions it caused (first one: its charge)
+    consequential: list[Event]  # restarts that waited for capacity a fault took away
+    unrelated: list[Event]
+
+
+def attribute(timeline: Timeline) -> Attribution:
+    """Each fault claims the first decision after it; a later capacity error (the worker
+    group could not start while the fault's node was missing) is its consequence; every
+    other decision is unrelated to the injected faults."""
+    faults = timeline.of("fault_injected")
+    decisions = timeline.of("failure_decision")
+    by_fault: dict[str, list[Event]] = {f.data.get("ledger_id") or str(i): [] for i, f in enumerate(faults)}
+    claimed: set[int] = set()
+    for i, f in enumerate(faults):
+        key = f.data.get("ledger_id") or str(i)
+        nxt = faults[i + 1].t if i + 1 < len(faults) else float("inf")
+        for j, d in enumerate(decisions):
+            if j not in claimed and d.t >= f.t - timeline.clock_uncertainty and d.t < nxt:
+                by_fault[key].append(d)
+                claimed.add(j)
+                break
+    consequential, unrelated = [], []
+    for j, d in enumerate(decisions):
+        if j in claimed:
+            continue
+        after_fault = any(f.t - timeline.clock_uncertainty <= d.t for f in faults)
+        if after_fault and any(name in (d.data.get("error") or "") for name in CAPACITY_ERRORS):
+            consequential.append(d)
+        else:
+            unrelated.append(d)
+    return Attribution(by_fault, consequential, unrelated)
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return (lines[-1] if lines else "no error text")[:300]
+
+
+def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
+    decisions = timeline.of("failure_decision")
+    started = timeline.first("controller_started")
+    fc = started.data.get("failure_config", {}) if started else {}
+    att = attribute(timeline)
+    primary = [ds[0] for ds in att.by_fault.values() if ds]
+    by_class = collections.Counter(d.data.get("budget_class") for d in primary)
+    evidence = {"charged_by_faults": dict(by_class), "expected_charges": expect.charged, "failure_config": fc,
+                "decisions": [{k: e.data.get(k) for k in ("run_id", "attempt", "decision", "budget_class", "count",
+                                                          "limit")} | {"t": e.t} for e in decisions],
+                "attributed": {k: [d.t for d in v] for k, v in att.by_fault.items()},
+                "capacity_waits": [{"budget_class": d.data.get("budget_class"), "error": _first_line(d.data.get("error"))}
+                                   for d in att.consequential],
+                "unrelated": [{"attempt": d.attempt, "budget_class": d.data.get("budget_class"),
+                               "error": _first_line(d.data.get("error"))} for d in att.unrelated]}
+    if decisions and any(not e.data.get("budget_class") for e in decisions):
+        return Verdict("within-budget", "unverifiable", "unverifiable: a failure decision came without Ray's "
+                       "[FailurePolicy] accounting", "unverifiable: no failure-policy record", evidence)
+    if att.unrelated:
+        d = att.unrelated[0]
+        return Verdict("within-budget", "fail", f"unrelated failure: attempt {d.attempt} failed with "
+                       f"{_first_line(d.data.get('error'))} (charged to {limit_name(d.data.get('budget_class') or '?')}),"
+                       f" and no injected fault explains it ({len(att.unrelated)} such decision(s))",
+                       "unrelated failure", evidence)
+    raised = [e for e in decisions if e.data.get("decision") == "RAISE"]
+    if raised:
+        cls = raised[-1].data["budget_class"]
+        count, limit = raised[-1].data.get("count"), raised[-1].data.get("limit")
+        msg = (f"retry budget exhausted: {count} failure{'s' if count != 1 else ''} charged to "
+               f"{limit_name(cls)}={limit}")
+        if not expect.budget_exhausted:
+            return Verdict("within-budget", "fail", msg, "retry budget exhausted", evidence)
+        if expect.charged and cls not in expect.charged:
+            return Verdict("within-budget", "fail", f"charged to the wrong budget class: {msg}, but the faults "
+                           f"should have been charged to {sorted(expect.charged)}",
+                           "charged to the wrong budget class", evidence)
+        if limit is not None and count != limit + 1:
+            return Verdict("within-budget", "fail", f"unexpected number of charged failures: Ray raised at count "
+                           f"{count} with {limit_name(cls)}={limit}; exhaustion is the ({limit + 1})th failure",
+                           "unexpected number of charged failures", evidence)
+        return Verdict("within-budget", "expected", msg + " (as this suite expects)", "retry budget exhausted",
+                       evidence)
+    if expect.budget_exhausted:
+        return Verdict("within-budget", "fail", "budget not exhausted: the suite expected the retry budget to run out, "
+                       f"but Ray kept retrying (charged {dict(by_class) or 'nothing'})", "budget not exhausted",
+                       evidence)
+    counts = dict(by_class)
+    want = {k: v for k, v in expect.charged.items() if v}
+    if counts != want:
+        wrong = set(counts) - set(want)
+        diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
+        return Verdict("within-budget", "fail", f"{diagnosis}: the injected faults were charged {counts or 'nothing'}, "
+                       f"they should have charged {want}", diagnosis, evidence)
+    limits = {c: v for c, v in (charged(timeline)).items()}
+    parts = [f"{n} to {limit_name(c)}={limits[c]['limit'] if limits[c]['limit'] is not None else 'unlimited'}"
+             for c, n in counts.items()]
+    extra = ""
+    if att.consequential:
+        waits = collections.Counter(d.data.get("budget_class") for d in att.consequential)
+        extra = "; plus " + ", ".join(f"{n} to {limit_name(c)} while the worker group waited for the lost capacity"
+                                      for c, n in waits.items())
+    return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should"
+                   + extra, None, evidence)
+
+
 def charged(timeline: Timeline) -> dict[str, dict]:
     """Failures Ray charged per budget class: the last decision's count and limit."""
     out: dict[str, dict] = {}
@@ -127,65 +451,37 @@ def charged(timeline: Timeline) -> dict[str, dict]:
     return out
 
 
-def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
-    decisions = timeline.of("failure_decision")
-    got = charged(timeline)
-    started = timeline.first("controller_started")
-    fc = started.data.get("failure_config", {}) if started else {}
-    evidence = {"charged": got, "expected_charges": expect.charged, "failure_config": fc,
-                "decisions": [{k: e.data.get(k) for k in ("attempt", "decision", "budget_class", "count", "limit")}
-                              for e in decisions]}
-    if decisions and any(not e.data.get("budget_class") for e in decisions):
-        return Verdict("within-budget", "unverifiable", "unverifiable: a failure decision came without Ray's "
-                       "[FailurePolicy] accounting", "unverifiable: no failure-policy record", evidence)
-    raised = [e for e in decisions if e.data.get("decision") == "RAISE"]
-    if raised:
-        cls = raised[-1].data["budget_class"]
-        count, limit = raised[-1].data.get("count"), raised[-1].data.get("limit")
-        msg = (f"retry budget exhausted: {count} failure{'s' if count != 1 else ''} charged to "
-               f"{LIMIT_NAMES.get(cls, cls)}={limit}")
-        if expect.budget_exhausted:
-            if expect.charged and cls not in expect.charged:
-                return Verdict("within-budget", "fail", f"charged to the wrong budget class: {msg}, but the faults "
-                               f"should have been charged to {sorted(expect.charged)}",
-                               "charged to the wrong budget class", evidence)
-            return Verdict("within-budget", "expected", msg + " (as this suite expects)",
-                           "retry budget exhausted", evidence)
-        return Verdict("within-budget", "fail", msg, "retry budget exhausted", evidence)
-    if expect.budget_exhausted:
-        return Verdict("within-budget", "fail", "budget not exhausted: the suite expected the retry budget to run out, "
-                       f"but Ray kept retrying (charged {got or 'nothing'})", "budget not exhausted", evidence)
-    counts = {cls: v["count"] for cls, v in got.items()}
-    if counts != {k: v for k, v in expect.charged.items() if v}:
-        wrong = set(counts) - set(expect.charged)
-        diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
-        return Verdict("within-budget", "fail", f"{diagnosis}: Ray charged {counts or 'nothing'}, the faults should "
-                       f"have charged {expect.charged}", diagnosis, evidence)
-    parts = [f"{n} to {LIMIT_NAMES.get(c, c)}={got[c]['limit'] if got[c]['limit'] is not None else 'unlimited'}"
-             for c, n in counts.items()]
-    return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should",
-                   None, evidence)
-
-
 # -- recovery-time ---------------------------------------------------------------------
 def recovery_time(timeline: Timeline, expect: Expectation) -> list[Verdict]:
     verdicts = []
     for i, m in enumerate(recovery_metrics(timeline)):
-        evidence = dataclasses.asdict(m) | {"slo_detect_s": expect.slo_detect_s, "slo_recover_s": expect.slo_recover_s}
+        evidence = dataclasses.asdict(m) | {"slo_detect_s": expect.slo_detect_s, "slo_recover_s": expect.slo_recover_s,
+                                            "clock_offset_s": timeline.clock_offset}
         name = f"recovery-time (fault {i + 1})"
-        if expect.budget_exhausted:
-            verdicts.append(Verdict(name, "pass", f"detected in {_s(m.time_to_detect)}; no recovery expected "
-                                    "(budget exhausted)", None, evidence))
+        if m.after_run_end:
+            verdicts.append(Verdict(name, "unverifiable", "inconclusive: the fault landed after the run had already "
+                                    "ended, so there was nothing to recover", "inconclusive", evidence))
             continue
         problems = []
+        if expect.slo_detect_s is not None and m.time_to_detect is not None and m.time_to_detect > expect.slo_detect_s:
+            problems.append(f"time to detect {_s(m.time_to_detect)} > SLO {expect.slo_detect_s:.1f} s")
+        if m.time_to_detect is None:
+            problems.append("Ray never noticed the fault")
+        if expect.budget_exhausted:
+            if problems:
+                verdicts.append(Verdict(name, "fail", "recovery too slow: " + "; ".join(problems), "recovery too slow",
+                                        evidence))
+            else:
+                verdicts.append(Verdict(name, "pass", f"detected in {_s(m.time_to_detect)} (SLO "
+                                        f"{_s(expect.slo_detect_s)}); no recovery expected (budget exhausted)",
+                                        None, evidence))
+            continue
         if m.time_to_recover is None:
             problems.append("training never resumed after the fault")
         elif expect.slo_recover_s is not None and m.time_to_recover > expect.slo_recover_s:
             problems.append(f"time to recover {_s(m.time_to_recover)} > SLO {expect.slo_recover_s:.1f} s")
-        if expect.slo_detect_s is not None and m.time_to_detect is not None and m.time_to_detect > expect.slo_detect_s:
-            problems.append(f"time to detect {_s(m.time_to_detect)} > SLO {expect.slo_detect_s:.1f} s")
-        summary = (f"detected in {_s(m.time_to_detect)}, next attempt after {_s(m.time_to_restart)}, "
-                   f"first report after {_s(m.time_to_recover)}")
+        summary = (f"detected in {_s(m.time_to_detect)}, attempt {m.recovered_attempt} started after "
+                   f"{_s(m.time_to_restart)}, its first report after {_s(m.time_to_recover)}")
         if problems:
             verdicts.append(Verdict(name, "fail", "recovery too slow: " + "; ".join(problems) + f" ({summary})",
                                     "recovery too slow", evidence))
@@ -200,22 +496,53 @@ def _s(v: float | None) -> str:
 
 # -- run-finished ----------------------------------------------------------------------
 def run_finished(timeline: Timeline, expect: Expectation) -> Verdict:
-    fin = timeline.first("run_finished")
+    """The last run ends FINISHED and its job SUCCEEDED (ERRORED/FAILED when exhaustion is expected)."""
+    fins = timeline.of("run_finished")
+    fin = fins[-1] if fins else None
     job = timeline.first("job_finished")
-    evidence = {"run_state": fin.data.get("state") if fin else None, "job_status": job.data.get("status") if job else None,
+    status = job.data.get("status") if job else None
+    evidence = {"run_state": fin.data.get("state") if fin else None, "job_status": status,
                 "error": (fin.data.get("error") if fin else None) or (job.data.get("message") if job else None)}
     if fin is None:
         return Verdict("run-finished", "fail", "run did not finish: no final controller state was recorded "
-                       f"(job status {evidence['job_status']})", "run did not finish", evidence)
+                       f"(job status {status})", "run did not finish", evidence)
     state = fin.data.get("state")
     if expect.budget_exhausted:
-        ok = state == "ERRORED"
+        ok = state == "ERRORED" and status in ("FAILED", None)
         return Verdict("run-finished", "expected" if ok else "fail",
                        "the run ended in a clean failure (ERRORED), as budget exhaustion should" if ok else
-                       f"run finished as {state}, but budget exhaustion should end it ERRORED", None, evidence)
+                       f"run finished as {state} (job {status}), but budget exhaustion should end it ERRORED",
+                       None if ok else "run did not fail cleanly", evidence)
+    if state == "FINISHED" and status == "SUCCEEDED":
+        return Verdict("run-finished", "pass", "the run finished (FINISHED) and its job SUCCEEDED", None, evidence)
     if state == "FINISHED":
-        return Verdict("run-finished", "pass", "the run finished (FINISHED)", None, evidence)
+        return Verdict("run-finished", "fail", f"run failed: training FINISHED but the job ended {status}: "
+                       f"{evidence['error']}", "run failed", evidence)
     return Verdict("run-finished", "fail", f"run failed: ended {state}: {evidence['error']}", "run failed", evidence)
+
+
+# -- progress --------------------------------------------------------------------------
+def last_steps(timeline: Timeline) -> dict[int, Any]:
+    """Each rank's last reported step (over every run and attempt)."""
+    out: dict[int, Any] = {}
+    for r in timeline.reports():
+        out.update(steps_of(r))
+    return out
+
+
+def stalled(timeline: Timeline, quiet_s: float, limit_s: float, waiting_for: str) -> Verdict:
+    """The run stopped reporting: a finding about the run, not a harness error."""
+    steps = last_steps(timeline)
+    ranks = ", ".join(f"rank {r} at step {s}" for r, s in sorted(steps.items())) or "no rank had reported"
+    return Verdict("progress", "fail", f"training stalled: no rank reported for {quiet_s:.0f} s (stall limit "
+                   f"{limit_s:.0f} s) while waiting for {waiting_for}; last steps: {ranks}", "training stalled",
+                   {"quiet_s": quiet_s, "stall_limit_s": limit_s, "last_steps": steps, "waiting_for": waiting_for})
+
+
+def did_not_resume(what: str, detail: str) -> Verdict:
+    """Ray never noticed the fault, or never restarted after it."""
+    return Verdict("progress", "fail", f"did not resume: {what} ({detail})", "did not resume",
+                   {"awaited": what, "detail": detail})
 
 
 # -- healed ----------------------------------------------------------------------------
@@ -235,12 +562,16 @@ def healed(nodes_ok: bool, nodes_detail: str, armed: list[dict], resources_ok: b
 
 # -- all of it -------------------------------------------------------------------------
 def verdicts_for(timeline: Timeline, expect: Expectation) -> list[Verdict]:
-    return [*resumed_from_latest(timeline), within_budget(timeline, expect), *recovery_time(timeline, expect),
-            run_finished(timeline, expect)]
+    return [*resumed_from_latest(timeline), *state_restored(timeline), within_budget(timeline, expect),
+            *recovery_time(timeline, expect), run_finished(timeline, expect)]
 
 
-def check(verdicts: list[Verdict]) -> None:
-    """Raise VerificationError listing every failed verdict (first failure's diagnosis leads)."""
-    failed = [v for v in verdicts if v.failed]
-    if failed:
-        raise VerificationError("\n".join(v.message for v in failed), verdicts)
+def check(verdicts: list[Verdict], unverifiable: str = "fail") -> None:
+    """Raise VerificationError listing every failing verdict (first failure's diagnosis leads).
+
+    With ``unverifiable="fail"`` (the default) a verdict that could not be checked fails
+    the test with its reason; ``"warn"`` lets it through, still shown in the report."""
+    failing = [v for v in verdicts if v.fails(unverifiable)]
+    failing.sort(key=lambda v: v.status != "fail")
+    if failing:
+        raise VerificationError("\n".join(v.message for v in failing), verdicts)

@@ -1,7 +1,7 @@
 """The recorder: a Ray Train callback injected into the run under test.
 
 This is the ONLY module that touches Ray Train internals (``ray.train.v2._internal``).
-tests/test_recorder_contract.py fails loudly if the pinned Ray changes any of them.
+tests/unit/test_ray_contracts.py fails loudly if the pinned Ray changes any of them.
 
 It is switched on with ``RAY_TRAIN_CALLBACKS=chaos.train.recorder.Recorder`` in the
 job's runtime_env, so the user's script is not changed.  Ray builds it in the driver
@@ -11,6 +11,9 @@ and the log handler are set up lazily, in the controller.
 The budget class and count of each failure decision are Ray's own: the recorder reads
 the ``[FailurePolicy]`` record that Ray's DefaultFailurePolicy logs for every decision,
 instead of re-deriving the accounting.
+
+Every rank's report is kept (a restart is judged per rank), and every event carries the
+Train run it belongs to (a driver may call ``fit()`` more than once).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from typing import Any
 
 from ray.train.v2._internal.execution.callback import (
@@ -29,7 +33,12 @@ from ray.train.v2._internal.execution.callback import (
 
 from chaos.train.sink import ENV_SINK, NAMESPACE
 
-ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"
+ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"  # "auto", or comma-separated metric names tried in order
+ENV_STATE_METRIC = "RAY_CHAOS_STATE_METRIC"  # a per-step value a correct restore reproduces (e.g. loss)
+# What ``auto`` tries, in order: Ray's own framework callbacks report "step" (Hugging Face
+# Transformers: TrainerState.global_step through log_history; Lightning: trainer.global_step),
+# then names other loops commonly count with.
+AUTO_STEP_METRICS = ("step", "global_step", "training_iteration", "iteration")
 FAILURE_POLICY_LOGGER = "ray.train.v2._internal.execution.failure_handling.default"
 _DECISION_RE = re.compile(
     r"\[FailurePolicy\]\s+(?P<decision>\w+)\s+Source:\s+(?P<source>[\w ]+?)\s+"
@@ -69,10 +78,41 @@ def _scalar_metrics(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
+def as_number(value: Any) -> int | float | None:
+    """A reported step or state value as a plain number: ints, floats, numpy/torch scalars
+    (anything with ``.item()``); a whole float becomes an int.  Anything else is None."""
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        return int(value) if value.is_integer() else value
+    return int(value)
+
+
+def step_metric_names(spec: str) -> tuple[str, ...]:
+    """``auto`` -> AUTO_STEP_METRICS; ``"a,b"`` -> ("a", "b")."""
+    names = tuple(n.strip() for n in (spec or "auto").split(",") if n.strip())
+    if names in ((), ("auto",)):
+        return AUTO_STEP_METRICS
+    return tuple(n for name in names for n in (AUTO_STEP_METRICS if name == "auto" else (name,)))
+
+
 class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     def __init__(self):
         self._sink_name = os.environ.get(ENV_SINK)
-        self._step_metric = os.environ.get(ENV_STEP_METRIC, "step")
+        self._step_metric_spec = os.environ.get(ENV_STEP_METRIC, "auto")
+        self._step_names = step_metric_names(self._step_metric_spec)
+        self._step_metric: str | None = None  # the first of _step_names a report carried
+        self._state_metric = os.environ.get(ENV_STATE_METRIC) or None
+        self._run_id = ""
+        self._ranks: list = []  # world rank of each worker, in worker-group order
+        self._last_step: dict = {}  # rank -> step it last reported in this attempt
         self._sink = None
         self._attempt = -1
         self._errors_reported_for = -2
@@ -86,7 +126,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
 
     # -- plumbing ----------------------------------------------------------------
     def _emit(self, kind: str, **data: Any) -> None:
-        event = {"t": time.time(), "source": "recorder", "kind": kind, "data": data}
+        event = {"t": time.time(), "source": "recorder", "kind": kind, "data": {"run_id": self._run_id, **data}}
         if not self._sink_name:
             return
         try:
@@ -104,6 +144,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if policy_logger.getEffectiveLevel() > logging.INFO:
             policy_logger.setLevel(logging.INFO)
         policy_logger.addHandler(_PolicyLogHandler(self))
+        self._run_id = getattr(train_run_context, "run_id", None) or uuid.uuid4().hex
         run_config = train_run_context.run_config
         fc = run_config.failure_config
         self._emit(
@@ -111,7 +152,9 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
             run_name=run_config.name,
             storage_path=run_config.storage_path,
             num_workers=getattr(train_run_context.scaling_config, "num_workers", None),
-            step_metric=self._step_metric,
+            step_metric=self._step_metric_spec,
+            step_metric_names=list(self._step_names),
+            state_metric=self._state_metric,
             failure_config={
                 "max_failures": fc.max_failures,
                 "max_preemption_failures": fc.max_preemption_failures,
@@ -144,6 +187,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     # -- worker group hooks ------------------------------------------------------
     def after_worker_group_start(self, worker_group) -> None:
         self._attempt += 1
+        self._last_step = {}
         placement = []
         for w in worker_group.get_workers():
             dc = w.distributed_context
@@ -155,6 +199,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 "hostname": w.metadata.hostname,
                 "pid": w.metadata.pid,
             })
+        self._ranks = [p["rank"] for p in placement]
         self._emit("attempt_started", attempt=self._attempt, placement=placement)
 
     def after_worker_group_poll_status(self, worker_group_status) -> None:
@@ -165,14 +210,36 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                        errors={str(rank): f"{type(e).__name__}: {e}"[:2000] for rank, e in errors.items()})
 
     # -- report hook -------------------------------------------------------------
+    def _step_of(self, metrics: dict) -> Any:
+        if self._step_metric is None:
+            self._step_metric = next((n for n in self._step_names if n in metrics), None)
+        return metrics.get(self._step_metric) if self._step_metric else None
+
     def after_report(self, training_report, metrics) -> None:
-        rank0 = metrics[0] if metrics else {}
-        step = rank0.get(self._step_metric)
+        """One event per report round, with every rank's step (and state value)."""
         checkpoint = training_report.checkpoint
+        ranks = self._ranks if len(self._ranks) == len(metrics) else list(range(len(metrics)))
+        steps, sources, states = {}, {}, {}
+        for rank, m in zip(ranks, metrics):
+            m = m or {}
+            step = as_number(self._step_of(m))
+            source = "metric" if step is not None else None
+            if step is None and checkpoint is not None and rank in self._last_step:
+                step, source = self._last_step[rank], "last reported"
+            if step is not None:
+                self._last_step[rank] = step
+            steps[str(rank)], sources[str(rank)] = step, source
+            if self._state_metric:
+                states[str(rank)] = as_number(m.get(self._state_metric))
+        first = str(ranks[0]) if ranks else None
         self._emit(
             "report",
             attempt=self._attempt,
-            step=step if isinstance(step, (int, float)) else None,
+            step=steps.get(first),
+            steps=steps,
+            step_sources=sources,
+            step_metric=self._step_metric,
+            states=states or None,
             checkpoint=checkpoint.path if checkpoint is not None else None,
-            metrics=_scalar_metrics(rank0),
+            metrics=_scalar_metrics(metrics[0] if metrics else {}),
         )

@@ -22,8 +22,8 @@ import ray
 import chaos
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline
-from chaos.train.recorder import ENV_STEP_METRIC
-from chaos.train.sink import ENV_SINK, SinkPump, start_sink
+from chaos.train.recorder import ENV_STATE_METRIC, ENV_STEP_METRIC
+from chaos.train.sink import ENV_SINK, SinkPump, measure_clock_offset, start_sink
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ class RunSpec:
     entrypoint: str
     name: str
     working_dir: str | None = None
-    step_metric: str = "step"
+    step_metric: str = "auto"  # "auto" or comma-separated names (chaos.train.recorder.step_metric_names)
+    state_metric: str | None = None  # a per-step value a correct restore reproduces (deterministic workloads)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
     params: dict = dataclasses.field(default_factory=dict)  # for reports only
     user_workload: bool = False
@@ -53,15 +54,18 @@ def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_
     args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in params.items())
     entry = (f"{shlex.quote(sys.executable)} -m chaos.train.workloads.reference {args} "
              f"--storage-path {shlex.quote(storage_path)} --name {shlex.quote(name)}")
-    return RunSpec(entrypoint=entry, name=name, params={"workload": "reference", **params})
+    return RunSpec(entrypoint=entry, name=name, step_metric="step", state_metric="loss",
+                   params={"workload": "reference", **params})
 
 
-def user_spec(command: str, name: str, step_metric: str = "step", working_dir: str | None = None) -> RunSpec:
+def user_spec(command: str, name: str, step_metric: str = "auto", working_dir: str | None = None,
+              state_metric: str | None = None) -> RunSpec:
     """The user's own Ray Train script, shipped with its directory, unchanged."""
     if not command.strip():
         raise WorkloadError("--chaos-workload is empty; give the command that starts your training script")
     return RunSpec(entrypoint=command, name=name, working_dir=working_dir or str(Path.cwd()),
-                   step_metric=step_metric, params={"workload": command}, user_workload=True)
+                   step_metric=step_metric, state_metric=state_metric, params={"workload": command},
+                   user_workload=True)
 
 
 class Run:
@@ -92,6 +96,7 @@ class Run:
             "RAY_TRAIN_CALLBACKS": RECORDER,
             ENV_SINK: f"sink-{self.job_id}",
             ENV_STEP_METRIC: self.spec.step_metric,
+            **({ENV_STATE_METRIC: self.spec.state_metric} if self.spec.state_metric else {}),
             # The controller's poll tick: reports reach callbacks on it, so keep it short.
             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
         }
@@ -106,6 +111,7 @@ class Run:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._sink = start_sink(f"sink-{self.job_id}", self.head_node_id)
         ray.get(self._sink.poll.remote(0, 0.0), timeout=60)  # the sink is up before the job can push
+        self.timeline.set_clock_offset(*measure_clock_offset(self._sink))
         self._pump = SinkPump(self._sink, self.timeline).start()
         self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=self.job_id,
                                runtime_env=self.runtime_env())

@@ -9,8 +9,10 @@ timeline without a sleep loop on either side.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
+import time
 
 import ray
 
@@ -41,6 +43,10 @@ class EventSink:
                 pass
         return self._events[cursor:]
 
+    async def now(self) -> float:
+        """The head's clock, for the harness's clock-offset probe."""
+        return time.time()
+
 
 def start_sink(name: str, head_node_id: str):
     """Create the sink actor for one run on the head node; returns its handle."""
@@ -52,6 +58,21 @@ def start_sink(name: str, head_node_id: str):
                  scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False))
         .remote()
     )
+
+
+def measure_clock_offset(sink, probes: int = 5) -> tuple[float, float]:
+    """(head clock - harness clock, round trip) from the probe with the shortest round trip.
+
+    Recorder events are stamped on the head; durations mixing them with the harness's own
+    stamps (fault injected) need one clock."""
+    best = None
+    for _ in range(probes):
+        t0 = time.time()
+        head = ray.get(sink.now.remote(), timeout=30)
+        t1 = time.time()
+        if best is None or t1 - t0 < best[1]:
+            best = (head - (t0 + t1) / 2, t1 - t0)
+    return best
 
 
 class SinkPump:
@@ -87,7 +108,8 @@ class SinkPump:
     def _take(self, batch: list[dict]) -> None:
         with self._lock:
             for raw in batch:
-                self._timeline.add(Event.from_json(raw))
+                event = Event.from_json(raw)
+                self._timeline.add(dataclasses.replace(event, t=self._timeline.from_head(event.t)))
             self._cursor += len(batch)
 
     def drain(self) -> None:

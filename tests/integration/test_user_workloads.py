@@ -50,7 +50,7 @@ def test_correct_user_script_passes(tmp_path):
 def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(tmp_path):
     code, out = run_suite(tmp_path, "--ignore-checkpoint")
     assert code == 1, out[-4000:]
-    assert "restarted from scratch: attempt 1 began at step 1 although checkpoint step" in out, out[-4000:]
+    assert "restarted from scratch: attempt 1 began at step 1 on every rank although checkpoint step" in out, out[-4000:]
 
 
 @pytest.mark.integration

@@ -42,6 +42,11 @@ def fault(t: float, node: str = "node-1") -> Event:
     return ev(t, "fault", "fault_injected", fault="raylet_kill", target={"node_id": node, "node_ip": "127.0.1.3"}, ledger_id=1)
 
 
+def detected(t: float) -> Event:
+    """What the experiment records when the fault's own detection predicate matched."""
+    return ev(t, "fault", "fault_detected", ledger_id=1, by="node_dead")
+
+
 def recovered() -> Timeline:
     """Raylet killed at step 11 (last checkpoint at 9); attempt 1 resumes at step 10."""
     return Timeline(
@@ -51,6 +56,7 @@ def recovered() -> Timeline:
             *reports(0, range(1, 12), t_first=2),  # steps 1..11 at t=2..12
             fault(12.5),
             ev(15, "cluster", "node_dead", node_id="node-1", node_ip="127.0.1.3", death_reason="UNEXPECTED"),
+            detected(15),
             ev(15.2, "recorder", "failure_decision", attempt=0, decision="RETRY", budget_class="worker_group", count=1, limit=3),
             ev(17, "recorder", "attempt_started", attempt=1, placement=[]),
             *reports(1, range(10, 21), t_first=19),  # steps 10..20 at t=19..29
@@ -69,6 +75,7 @@ def exhausted() -> Timeline:
             *reports(0, range(1, 6), t_first=2),
             fault(7),
             ev(9, "cluster", "node_dead", node_id="node-1", node_ip="127.0.1.3", death_reason="UNEXPECTED"),
+            detected(9),
             ev(9.5, "recorder", "failure_decision", attempt=0, decision="RAISE", budget_class="worker_group", count=1, limit=0),
             ev(10, "recorder", "run_finished", state="ERRORED", error="retry budget exhausted"),
         ]

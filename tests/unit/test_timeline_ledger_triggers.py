@@ -54,10 +54,14 @@ def test_recovery_metrics_and_ettr():
     assert 0 < ettr(s.timeline()) < 1
 
 
-def test_cuda_style_fault_is_detected_by_train_not_by_node_death():
+def test_detection_is_the_faults_own_detection_event_not_a_node_death():
+    """The experiment records the event the fault's predicate matched (here Train seeing the
+    rank fail); metrics read that, never a re-derived rule (e.g. a later node death)."""
     s = Script().start_attempt().steps(1, 12)
-    s.events.append(s._e("fault", "fault_injected", fault="cuda", target={"node_id": "n1"}, detect_by="train"))
+    s.events.append(s._e("fault", "fault_injected", fault="cuda", ledger_id="c1", target={"node_id": "n1"}))
     s.events.append(s._e("recorder", "worker_error", 0.8, attempt=0, errors={"1": "CUDA error"}))
+    s.events.append(s._e("fault", "fault_detected", 0.0, ledger_id="c1", by="worker_error"))
+    s.events.append(s._e("cluster", "node_dead", 3.0, node_id="n1"))
     [m] = recovery_metrics(s.decision().start_attempt().steps(11, 15).timeline())
     assert m.time_to_detect == pytest.approx(0.8)
 

@@ -4,7 +4,7 @@ import pytest
 
 from chaos.errors import VerificationError
 from chaos.verify import (Expectation, check, healed, recovery_time, resumed_from_latest, run_finished,
-                          verdicts_for, within_budget)
+                          state_restored, verdicts_for, within_budget)
 from timelines import Script
 
 EXPECT_ONE = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
@@ -36,20 +36,23 @@ def test_resume_from_older_checkpoint_is_diagnosed():
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(6, 20).finish().timeline()
     [v] = resumed_from_latest(tl)
     assert v.diagnosis == "resumed from an older checkpoint"
-    assert "step 6" in v.message and "latest was step 10" in v.message
+    assert v.message.startswith("resumed from an older checkpoint: attempt 1 began at step 6 on every rank although checkpoint "
+                                "step 10 was committed")
+    assert "that follows checkpoint step 5" in v.message
 
 
-def test_resume_from_future_step_is_diagnosed():
+def test_resume_past_the_checkpoint_is_diagnosed_as_skipped_data():
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(14, 20).finish().timeline()
     [v] = resumed_from_latest(tl)
-    assert v.diagnosis == "resumed from a future step"
+    assert v.diagnosis == "resumed past the checkpoint"
+    assert "steps 11..14 were skipped" in v.message
 
 
 def test_fault_before_any_checkpoint_expects_a_fresh_start():
     tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(1, 10).finish().timeline()
     [v] = resumed_from_latest(tl)
     assert v.status == "pass" and v.diagnosis == "no checkpoint existed yet"
-    tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(2, 10).finish().timeline()
+    tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(3, 10).finish().timeline()
     [v] = resumed_from_latest(tl)
     assert v.status == "fail" and v.diagnosis == "resumed at an unexpected step"
 
@@ -60,7 +63,9 @@ def test_no_step_metric_is_unverifiable_not_guessed():
     [v] = resumed_from_latest(tl)
     assert v.status == "unverifiable"
     assert v.message.startswith("unverifiable: no step metric 'epoch'")
-    check([v])  # unverifiable is not a failure
+    with pytest.raises(VerificationError, match="unverifiable: no step metric"):
+        check([v])  # unverifiable is not a pass: by default it fails the test
+    check([v], unverifiable="warn")
 
 
 def test_two_restarts_give_two_resume_verdicts():
@@ -149,3 +154,245 @@ def test_exhaustion_of_the_wrong_budget_is_a_finding_even_when_exhaustion_is_exp
     v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class"
     assert "max_preemption_failures=0" in v.message
+
+
+# -- the resume rule from the run's own report sequence -----------------------------------
+def test_reporting_every_third_step_resumes_at_the_step_that_followed_the_checkpoint():
+    tl = (Script().start_attempt().steps(3, 15, every=6, stride=3).fault().decision()
+          .start_attempt().steps(15, 30, every=6, stride=3).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass", v.line()
+    assert "resumed at step 15, right after the latest checkpoint (step 12)" in v.message
+    assert "the step that followed checkpoint step 12" in v.evidence["rule"]
+
+
+def test_every_report_a_checkpoint_uses_the_reporting_stride():
+    # Ray's Hugging Face / Lightning callbacks report only when a checkpoint is saved.
+    tl = (Script().start_attempt().steps(5, 15, every=5, stride=5).fault().decision()
+          .start_attempt().steps(20, 30, every=5, stride=5).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass", v.line()
+    assert "reporting stride 5" in v.evidence["rule"]
+
+
+def test_first_report_at_the_checkpoint_step_is_evaluate_after_load():
+    tl = (Script().start_attempt().steps(1, 12).fault().decision()
+          .start_attempt().steps(10, 20).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass" and "at the latest checkpoint's own step (10)" in v.message
+
+
+def test_gradient_accumulation_global_step_advancing_by_four():
+    tl = (Script().start_attempt().steps(4, 20, every=8, stride=4).fault().decision()
+          .start_attempt().steps(20, 40, every=8, stride=4).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass", v.line()
+    tl = (Script().start_attempt().steps(4, 20, every=8, stride=4).fault().decision()
+          .start_attempt().steps(24, 40, every=8, stride=4).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.diagnosis == "resumed past the checkpoint"
+
+
+def test_older_checkpoint_with_a_stride():
+    tl = (Script().start_attempt().steps(3, 21, every=6, stride=3).fault().decision()
+          .start_attempt().steps(9, 30, every=6, stride=3).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.diagnosis == "resumed from an older checkpoint", v.line()
+
+
+# -- every rank ---------------------------------------------------------------------------
+def test_one_rank_restarting_from_scratch_is_named():
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+          .steps(11, 20, rank_step=lambda r, s: s - 10 if r == 1 else s).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch"
+    assert "rank 1 began attempt 1 at step 1" in v.message
+    assert "while rank 0 resumed at 11" in v.message
+    assert v.evidence["ranks"][0]["status"] == "pass" and v.evidence["ranks"][1]["status"] == "fail"
+
+
+def test_ranks_that_disagree_after_a_restart_are_a_finding():
+    # each start alone is acceptable (next step / evaluate-after-load), together they disagree
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+          .steps(11, 20, rank_step=lambda r, s: s - 1 if r == 1 else s).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "fail" and v.diagnosis == "ranks disagree"
+    assert "rank 0 at step 11, rank 1 at step 10" in v.message
+
+
+def test_ranks_that_always_differed_are_not_a_disagreement():
+    tl = (Script().start_attempt().steps(1, 12, rank_step=lambda r, s: s + 100 * r, every=None)
+          .report({0: 13, 1: 113}, "/storage/ck").fault().decision().start_attempt()
+          .steps(14, 20, rank_step=lambda r, s: s + 100 * r, every=None).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass", v.line()
+
+
+# -- checkpoints Ray Train never saw, step values -----------------------------------------
+def test_a_run_that_reports_no_checkpoint_is_unverifiable_never_a_pass():
+    tl = (Script().start_attempt().steps(1, 12, every=None).fault().decision()
+          .start_attempt().steps(1, 20, every=None).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "unverifiable"
+    assert v.message.startswith("unverifiable: the run reported no checkpoint to Ray Train")
+
+
+def test_checkpoint_report_without_the_step_takes_the_rank_last_step_and_says_so():
+    s = Script().start_attempt().steps(1, 9, every=None)
+    s.report({0: 9, 1: 9}, "/storage/ck", sources={"0": "last reported", "1": "last reported"})
+    tl = s.steps(10, 12, every=None).fault().decision().start_attempt().steps(10, 20, every=None).finish().timeline()
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass", v.line()
+    assert v.evidence["latest_checkpoint_step"] == 9
+
+
+@pytest.mark.parametrize("value, expected", [(7, 7), (7.0, 7), (7.5, 7.5), ("7", None), (True, None),
+                                             (float("nan"), None)])
+def test_step_values_ints_whole_floats_and_scalars(value, expected):
+    import numpy as np
+
+    from chaos.train.recorder import as_number
+
+    assert as_number(value) == expected
+    assert as_number(np.int64(7)) == 7 and isinstance(as_number(np.int64(7)), int)
+    assert as_number(np.float32(3.0)) == 3
+
+
+def test_auto_step_metric_names():
+    from chaos.train.recorder import AUTO_STEP_METRICS, step_metric_names
+
+    assert step_metric_names("auto") == AUTO_STEP_METRICS
+    assert step_metric_names("global_step, step") == ("global_step", "step")
+    assert step_metric_names("it,auto")[0] == "it"
+
+
+# -- run identity ---------------------------------------------------------------------------
+def test_two_fits_in_one_driver_are_judged_per_run():
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
+         .new_run().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(1, 20).finish())
+    verdicts = resumed_from_latest(s.timeline())
+    assert [v.name for v in verdicts] == ["resumed-from-latest (run 1, attempt 1)",
+                                          "resumed-from-latest (run 2, attempt 1)"]
+    assert [v.status for v in verdicts] == ["pass", "fail"]
+    assert verdicts[1].diagnosis == "restarted from scratch"
+
+
+def test_an_attempt_that_never_reported_is_skipped_for_the_one_that_did():
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .start_attempt().steps(11, 20).finish())
+    [v] = resumed_from_latest(s.timeline())
+    assert v.name.endswith("attempt 2)") and v.status == "pass"
+    assert v.evidence["attempts_that_never_reported"] == [1]
+
+
+# -- state, not only the counter ----------------------------------------------------------
+def loss(r, s):
+    return 1.0 / s + r
+
+
+def test_redone_steps_reproduce_the_loss():
+    tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
+          .start_attempt().steps(11, 20, state=loss).finish().timeline())
+    [v] = state_restored(tl)
+    assert v.status == "pass" and "4 re-done report(s)" in v.message
+
+
+def test_restored_counter_but_not_weights_is_caught():
+    tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
+          .start_attempt().steps(11, 20, state=lambda r, s: loss(r, s) * 1.5).finish().timeline())
+    [v] = state_restored(tl)
+    assert v.status == "fail" and v.diagnosis == "state not restored"
+    assert "re-done step 11" in v.message
+
+
+def test_no_redone_step_is_not_applicable_not_a_pass():
+    tl = (Script(state_metric="loss").start_attempt().steps(1, 10, state=loss).fault().decision()
+          .start_attempt().steps(11, 20, state=loss).finish().timeline())
+    [v] = state_restored(tl)
+    assert v.status == "n/a" and v.message.startswith("not checked")
+    assert state_restored(good_run().timeline()) == []  # no state metric recorded
+
+
+# -- faults and charges are matched -------------------------------------------------------
+def test_unrelated_failure_is_its_own_finding():
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 14)
+         .decision(error="WorkerGroupError: ValueError: bad batch").start_attempt().steps(11, 20).finish())
+    v = within_budget(s.timeline(), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "unrelated failure"
+    assert "ValueError: bad batch" in v.message
+
+
+def test_capacity_waits_after_a_fault_are_its_consequence():
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .start_attempt().steps(11, 20).finish())
+    v = within_budget(s.timeline(), EXPECT_ONE)
+    assert v.status == "pass", v.line()
+    assert "1 to controller_failure_limit while the worker group waited" in v.message
+
+
+def test_exhaustion_count_must_be_limit_plus_one():
+    tl = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED").timeline()
+    v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    assert v.status == "expected"
+    s = Script(max_failures=0).start_attempt().steps(1, 6).fault()
+    s.failures["worker_group"] = 2
+    v = within_budget(s.decision("RAISE", limit=0).finish("ERRORED").timeline(),
+                      Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    assert v.status == "fail" and v.diagnosis == "unexpected number of charged failures"
+
+
+# -- recovery time ------------------------------------------------------------------------
+def test_recovery_counts_the_attempt_that_recovered():
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .start_attempt().steps(11, 20).finish())
+    [v] = recovery_time(s.timeline(), EXPECT_ONE)
+    assert v.status == "pass" and v.evidence["recovered_attempt"] == 2
+
+
+def test_fault_after_the_run_ended_is_inconclusive():
+    tl = Script().start_attempt().steps(1, 12).finish().fault().timeline()
+    [v] = recovery_time(tl, EXPECT_ONE)
+    assert v.status == "unverifiable" and v.message.startswith("inconclusive")
+
+
+def test_budget_exhaustion_still_checks_detection_time():
+    tl = (Script(max_failures=0).start_attempt().steps(1, 6).fault(detect=5.0).decision("RAISE", limit=0)
+          .finish("ERRORED").timeline())
+    [v] = recovery_time(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True, slo_detect_s=2))
+    assert v.status == "fail" and "time to detect 5.0 s > SLO 2.0 s" in v.message
+
+
+def test_clock_offset_corrects_head_stamped_events():
+    from chaos.timeline import Event, Timeline
+
+    tl = Timeline()
+    tl.set_clock_offset(100.0, 0.01)  # the head runs 100 s ahead
+    assert tl.from_head(1100.0) == 1000.0
+    assert tl.of("clock_offset")[0].data["offset_s"] == 100.0
+    tl.add(Event(990.0, "fault", "fault_injected", {"ledger_id": "x"}))
+    tl.add(Event(tl.from_head(1091.5), "fault", "fault_detected", {"ledger_id": "x"}))
+    from chaos.timeline import recovery_metrics
+
+    [m] = recovery_metrics(tl)
+    assert m.time_to_detect == pytest.approx(1.5)
+
+
+# -- run-finished ---------------------------------------------------------------------------
+def test_run_finished_requires_the_job_to_succeed():
+    s = Script().start_attempt().steps(1, 12).finish(job="FAILED")
+    v = run_finished(s.timeline(), EXPECT_ONE)
+    assert v.status == "fail" and "the job ended FAILED" in v.message
+
+
+def test_stalled_and_did_not_resume_messages():
+    from chaos.verify import did_not_resume, stalled
+
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+          .steps(11, 14, rank_step=lambda r, s: s - 10 if r == 1 else s).timeline())
+    v = stalled(tl, 75, 60, "the job to finish")
+    assert v.message.startswith("training stalled: no rank reported for 75 s")
+    assert "rank 0 at step 14, rank 1 at step 4" in v.message
+    assert did_not_resume("Ray to mark node n1 DEAD", "60 s").diagnosis == "did not resume"

@@ -6,48 +6,81 @@ from chaos.timeline import Event, Timeline
 class Script:
     """Builds a timeline the way a run produces it, one event at a time."""
 
-    def __init__(self, max_failures=3, step_metric="step"):
+    def __init__(self, max_failures=3, step_metric="step", state_metric=None, ranks=2):
         self.t = 1000.0
-        self.events = [self._e("recorder", "controller_started", run_name="r", step_metric=step_metric,
-                               failure_config={"max_failures": max_failures, "max_preemption_failures": -1,
-                                               "controller_failure_limit": -1})]
+        self.events = []
+        self.ranks = ranks
+        self.faults = 0
+        self.max_failures = max_failures
+        self.step_metric = step_metric
+        self.state_metric = state_metric
+        self.new_run()
+
+    def new_run(self, run_id=None):
+        """A second ``fit()`` in the same driver: a new controller, attempts from 0."""
+        self.run_id = run_id or f"run{sum(e.kind == 'controller_started' for e in self.events) + 1}"
         self.attempt = -1
         self.failures = {}
+        self.events.append(self._e("recorder", "controller_started", run_name="r", step_metric=self.step_metric,
+                                   step_metric_names=[self.step_metric], state_metric=self.state_metric,
+                                   failure_config={"max_failures": self.max_failures, "max_preemption_failures": -1,
+                                                   "controller_failure_limit": -1}))
+        return self
 
     def _e(self, source, kind, dt=0.5, **data):
         self.t += dt
+        if source == "recorder":
+            data = {"run_id": self.run_id, **data}
         return Event(self.t, source, kind, data)
 
     def start_attempt(self, dt=1.0):
         self.attempt += 1
         self.events.append(self._e("recorder", "attempt_started", dt, attempt=self.attempt,
-                                   placement=[{"rank": 0, "node_id": "n0", "node_ip": "127.0.1.2", "pid": 1},
-                                              {"rank": 1, "node_id": "n1", "node_ip": "127.0.1.3", "pid": 2}]))
+                                   placement=[{"rank": r, "node_id": f"n{r}", "node_ip": f"127.0.1.{r + 2}", "pid": r + 1}
+                                              for r in range(self.ranks)]))
         return self
 
-    def steps(self, first, last, every=5, metric=True):
-        for s in range(first, last + 1):
-            ck = f"/storage/checkpoint_{s}" if s % every == 0 else None
-            self.events.append(self._e("recorder", "report", attempt=self.attempt, step=s if metric else None,
-                                       checkpoint=ck, metrics={"step": s} if metric else {}))
+    def report(self, steps, checkpoint=None, states=None, sources=None):
+        """One report round: ``steps`` is {rank: step} (None: the rank reported no step)."""
+        steps = {str(r): s for r, s in steps.items()}
+        self.events.append(self._e(
+            "recorder", "report", attempt=self.attempt, steps=steps, step=steps.get("0"),
+            step_sources=sources or {r: ("metric" if s is not None else None) for r, s in steps.items()},
+            states={str(r): v for r, v in states.items()} if states else None,
+            checkpoint=checkpoint, metrics={}))
+        return self
+
+    def steps(self, first, last, every=5, metric=True, stride=1, rank_step=None, state=None):
+        """Reports for steps first..last (by ``stride``); a checkpoint at every multiple of ``every``
+        (None: never).  ``rank_step(rank, step)`` lets a rank report another step;
+        ``state(rank, step)`` adds a state value (e.g. loss)."""
+        for s in range(first, last + 1, stride):
+            ck = f"/storage/checkpoint_{s}" if every and s % every == 0 else None
+            steps = {r: ((rank_step(r, s) if rank_step else s) if metric else None) for r in range(self.ranks)}
+            states = {r: state(r, s) for r in range(self.ranks)} if state else None
+            self.report(steps, ck, states)
         return self
 
     def fault(self, node_id="n1", detect=1.5):
-        self.events.append(self._e("fault", "fault_injected", fault="raylet-kill",
+        self.faults += 1
+        ledger_id = f"f{self.faults}"
+        self.events.append(self._e("fault", "fault_injected", fault="raylet-kill", ledger_id=ledger_id,
                                    target={"node_id": node_id, "node_ip": "127.0.1.3"}))
         self.events.append(self._e("cluster", "node_dead", detect, node_id=node_id))
+        self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": ledger_id, "by": "node_dead"}))
         return self
 
-    def decision(self, decision="RETRY", budget_class="worker_group", limit=3):
+    def decision(self, decision="RETRY", budget_class="worker_group", limit=3, error="WorkerGroupError: rank 1 died"):
         self.failures[budget_class] = self.failures.get(budget_class, 0) + 1
         self.events.append(self._e("recorder", "failure_decision", attempt=self.attempt, decision=decision,
                                    budget_class=budget_class, count=self.failures[budget_class], limit=limit,
-                                   line=f"[FailurePolicy] {decision}"))
+                                   line=f"[FailurePolicy] {decision}", error=error))
         return self
 
-    def finish(self, state="FINISHED"):
+    def finish(self, state="FINISHED", job="SUCCEEDED"):
         self.events.append(self._e("recorder", "run_finished", state=state))
-        self.events.append(self._e("harness", "job_finished", status="SUCCEEDED" if state == "FINISHED" else "FAILED"))
+        self.events.append(self._e("harness", "job_finished",
+                                   status=job if state == "FINISHED" else "FAILED"))
         return self
 
     def timeline(self):

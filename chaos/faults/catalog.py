@@ -1,0 +1,74 @@
+"""The one catalog of fault kinds and retry-budget classes.
+
+Profile validation, the pytest plugin's factories, ``Chaos.expect``, the verdicts and the
+summary all read these tables, so a kind or a budget class is named in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+# Ray Train V2's three retry budgets: the class name the recorder reports (from Ray's own
+# ``[FailurePolicy]`` record) -> the FailureConfig field that limits it.
+BUDGET_LIMIT_FIELDS: dict[str, str] = {
+    "worker_group": "max_failures",
+    "preemption": "max_preemption_failures",
+    "controller": "controller_failure_limit",
+}
+BUDGET_CLASSES: tuple[str, ...] = tuple(BUDGET_LIMIT_FIELDS)
+
+DEFAULT_SLO_DETECT_S = 30.0
+DEFAULT_SLO_RECOVER_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultKind:
+    """What every fault of one kind should cost and how fast recovery should be."""
+
+    name: str
+    budget_class: str | None  # None: no charge expected (the platform's own recovery)
+    slo_detect_s: float = DEFAULT_SLO_DETECT_S
+    slo_recover_s: float = DEFAULT_SLO_RECOVER_S
+    # "module.Class" of the Fault that injects it; None: profiles may configure the kind,
+    # no fault module injects it yet.
+    impl: str | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.impl is not None
+
+    def limit_field(self) -> str | None:
+        return BUDGET_LIMIT_FIELDS.get(self.budget_class) if self.budget_class else None
+
+    def fault_class(self) -> type:
+        """The Fault class of this kind (imported on demand: the catalog imports no fault module)."""
+        if self.impl is None:
+            raise ValueError(f"fault kind {self.name!r} has no implementation yet")
+        module, _, cls = self.impl.rpartition(".")
+        return getattr(importlib.import_module(module), cls)
+
+
+KINDS: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("raylet-kill", "worker_group", impl="chaos.faults.raylet.RayletKill"),
+    FaultKind("worker-kill", "worker_group", impl="chaos.faults.worker.TrainWorkerKill"),
+    FaultKind("node-reboot", "worker_group", impl="chaos.faults.reboot.NodeReboot"),
+    FaultKind("partition", "worker_group", impl="chaos.faults.partition.Partition"),
+    FaultKind("cuda", "worker_group", impl="chaos.faults.cuda.CudaFault"),
+    FaultKind("node-replace", "worker_group"),
+    FaultKind("drain", "preemption"),
+    FaultKind("xid", None),
+)}
+
+
+def kind(name: str) -> FaultKind:
+    """The catalog entry for ``name``; an unknown kind names the known ones."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown fault kind {name!r}; known kinds: {', '.join(KINDS)}") from None
+
+
+def limit_name(budget_class: str) -> str:
+    """``max_failures`` for ``worker_group`` and so on (the class itself if unknown)."""
+    return BUDGET_LIMIT_FIELDS.get(budget_class, budget_class)
