@@ -1,4 +1,5 @@
-"""Safety rules (DESIGN §10): which nodes may be hit, how many faults at once, when to stop.
+"""Safety rules: which nodes may be hit, how many faults at once, when to stop (docs/profiles.md,
+"Safety rules").
 
 Pure logic: no Ray import, no I/O except ``scan_for_secrets`` reading the files it is given.
 
@@ -16,7 +17,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import re
 import threading
 import time
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from chaos.errors import ChaosError, InjectionError
 from chaos.profile import SafetySettings
+from chaos.secrets import TEXT_PATTERNS
 
 
 class TargetRefused(InjectionError):
@@ -219,17 +220,6 @@ class SecretHit(NamedTuple):
     kind: str  # never the secret itself
 
 
-_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
-    ("pem-private-key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
-    ("aws-access-key-id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("bearer-token", re.compile(r"\b[Bb]earer\s+[A-Za-z0-9\-._~+/]{16,}=*")),
-    # password=value (command lines, URLs, env dumps) and "password": "value" (JSON); a
-    # redacted value (***, <redacted>) is fine.
-    ("password", re.compile(r"(?i)\b(?:password|passwd)\s*=[\"']?(?![*<\s&;,\"']|redacted\b)[^\s&;,\"']")),
-    ("password", re.compile(r"(?i)\"(?:password|passwd)\"\s*:\s*\"(?![*<]|redacted\")[^\"]")),
-)
-
-
 def _variants(secret: str) -> set[str]:
     """The secret as it appears raw and inside JSON strings."""
     out = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
@@ -266,7 +256,7 @@ def scan_for_secrets(paths: Sequence[Path | str], secrets: Sequence[str] = ()) -
         if binary:
             continue
         text = data.decode("utf-8", errors="replace")
-        for kind, pattern in _PATTERNS:
+        for kind, pattern in TEXT_PATTERNS:
             for m in pattern.finditer(text):
                 hits.add(SecretHit(path, text.count("\n", 0, m.start()) + 1, kind))
     return sorted(hits, key=lambda h: (str(h.path), h.line, h.kind))

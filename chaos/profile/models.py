@@ -1,94 +1,28 @@
-"""Profiles: one YAML file describing one target cluster (no profile = the embedded cluster).
+"""The profile's data model: every field, its default and its check (pydantic).
 
-A profile says how to reach Ray (dashboard, GCS), where checkpoints go, how to reach each
-host (SSH settings with per-host overrides, or Kubernetes), which workload to run, the
-SLO and the retry budget each fault kind should consume, and the safety limits.
-
-Every problem is reported as ``FILE:LINE: FIELD: PROBLEM``: the models below validate the
-data, and the line comes from the YAML node the error's ``loc`` points at, e.g.::
-
-    staging.yaml:14: hosts.defaults.ssh.port: Input should be a valid integer, got 'twenty-two'
-
-Profiles never hold secrets: ``key_file`` is a path, and any field named like a password,
-token or secret is refused before validation.  docs/profiles.md documents every field.
+docs/profiles.md documents every field.  Loading YAML into these models, with every problem
+named as ``FILE:LINE: FIELD: PROBLEM``, is chaos.profile.loading's job; the fault kinds,
+budget classes and default SLOs come from chaos.faults.catalog.
 """
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import ipaddress
-import logging
 import os
 import re
-import types
 import typing
 import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
-import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model,
+                      field_validator, model_validator)
 
 from chaos.errors import ProfileError
-
-log = logging.getLogger(__name__)
-
-KNOWN_FAULT_KINDS: tuple[str, ...] = (
-    "raylet-kill", "worker-kill", "node-reboot", "node-replace", "drain", "cuda", "partition", "xid",
-)
-BUDGETS: tuple[str, ...] = ("worker_group", "preemption", "controller")
-# The budget class each fault should be charged to when the profile does not say (DESIGN §5).
-DEFAULT_BUDGET: dict[str, str | None] = {
-    "raylet-kill": "worker_group", "worker-kill": "worker_group", "node-reboot": "worker_group",
-    "node-replace": "worker_group", "drain": "preemption", "cuda": "worker_group", "partition": "worker_group",
-    "xid": None,  # whatever recovery the platform does
-}
-DEFAULT_SLO_DETECT_S = 30.0
-DEFAULT_SLO_RECOVER_S = 120.0
+from chaos.faults import catalog
 
 SECRET_HINT = "put secrets in your SSH agent or key file, not in the profile"
-# Key names refused anywhere in a profile, matched on words (TOKENIZERS_PARALLELISM is fine).
-_SECRET_WORDS = {"password", "passwd", "passphrase", "token", "tokens", "secret", "secrets", "apikey",
-                 "bearer"}
-_SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "token"), ("auth", "token"), ("client", "secret")}
-_SECRET_VALUES = (
-    (re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), "a PEM private key"),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-)
-
-
-def _words(name: str) -> list[str]:
-    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    return [w for w in re.split(r"[^A-Za-z0-9]+", name.lower()) if w]
-
-
-def is_secret_name(name: str) -> bool:
-    """True for field names that hold secrets: password, ssh_passphrase, HF_TOKEN, apiKey, ..."""
-    words = _words(name)
-    return any(w in _SECRET_WORDS for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:]))
-
-
-def secret_in_command(command: str) -> str | None:
-    """What looks like a secret in a command line (``HF_TOKEN=…``, ``--api-key …``, a PEM or
-    AWS key), or None.  Commands end up in reports, which are meant to be shared."""
-    import shlex
-
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    for i, word in enumerate(words):
-        name, eq, value = word.partition("=")
-        if eq and value and is_secret_name(name.lstrip("-")):
-            return f"{name}=… (a secret-looking value)"
-        if word.startswith("--") and not eq and is_secret_name(word[2:]) and i + 1 < len(words):
-            return f"{word} … (a secret-looking argument)"
-    for pattern, what in _SECRET_VALUES:
-        if pattern.search(command):
-            return what
-    return None
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -126,7 +60,7 @@ class ProfileInvalid(ProfileError):
 
 
 # -- field types -----------------------------------------------------------------------------
-def _host_port(value: str, what: str) -> tuple[str, int]:
+def host_port(value: str, what: str) -> tuple[str, int]:
     """Split 'host:port' / '[v6]:port'; the port is required."""
     if "://" in value:
         raise ValueError(f"{what} is host:port without a scheme, e.g. 10.0.0.1:6379; got {value!r}")
@@ -140,7 +74,7 @@ def _host_port(value: str, what: str) -> tuple[str, int]:
 
 
 def _check_gcs(value: str) -> str:
-    _host_port(value, "gcs_address")
+    host_port(value, "gcs_address")
     return value.strip()
 
 
@@ -196,7 +130,7 @@ IPAddressStr = Annotated[str, AfterValidator(_check_ip)]
 JumpHost = Annotated[str, AfterValidator(_check_jump)]
 FilePath = Annotated[str, AfterValidator(_check_path)]
 Transport = Literal["ssh", "local", "k8s"]
-Budget = Literal["worker_group", "preemption", "controller"]
+Budget = Literal[catalog.BUDGET_CLASSES]
 
 
 class _Model(BaseModel):
@@ -211,7 +145,7 @@ class RaySettings(_Model):
 
     @property
     def gcs_host(self) -> str:
-        return _host_port(self.gcs_address, "gcs_address")[0]
+        return host_port(self.gcs_address, "gcs_address")[0]
 
 
 class StorageSettings(_Model):
@@ -467,8 +401,8 @@ class WorkloadSettings(_Model):
 
 # -- faults ---------------------------------------------------------------------------------
 class FaultDefaults(_Model):
-    slo_detect_s: Seconds = DEFAULT_SLO_DETECT_S
-    slo_recover_s: Seconds = DEFAULT_SLO_RECOVER_S
+    slo_detect_s: Seconds = catalog.DEFAULT_SLO_DETECT_S
+    slo_recover_s: Seconds = catalog.DEFAULT_SLO_RECOVER_S
 
 
 class FaultSLO(_Model):
@@ -488,24 +422,20 @@ def _attr(kind: str) -> str:
     return kind.replace("-", "_")
 
 
-class FaultsSettings(_Model):
+class _FaultsBase(_Model):
     defaults: FaultDefaults = Field(default_factory=FaultDefaults)
-    raylet_kill: FaultSLO | None = Field(None, alias="raylet-kill")
-    worker_kill: FaultSLO | None = Field(None, alias="worker-kill")
-    node_reboot: FaultSLO | None = Field(None, alias="node-reboot")
-    node_replace: FaultSLO | None = Field(None, alias="node-replace")
-    drain: FaultSLO | None = None
-    cuda: FaultSLO | None = None
-    partition: FaultSLO | None = None
-    xid: FaultSLO | None = None
 
     def get(self, kind: str) -> FaultSLO | None:
-        if kind not in KNOWN_FAULT_KINDS:
-            raise ProfileError(f"unknown fault kind {kind!r}; known kinds: {', '.join(KNOWN_FAULT_KINDS)}")
+        """The profile's own entry for ``kind`` (None when it has none)."""
+        if kind not in catalog.KINDS:
+            raise ProfileError(f"unknown fault kind {kind!r}; known kinds: {', '.join(catalog.KINDS)}")
         return getattr(self, _attr(kind))
 
 
-assert {_attr(k) for k in KNOWN_FAULT_KINDS} <= set(FaultsSettings.model_fields)
+# One optional entry per kind in the catalog, keyed by the kind's name (``raylet-kill:``), so a
+# new kind is configurable the moment the catalog names it.
+FaultsSettings = create_model("FaultsSettings", __base__=_FaultsBase, __module__=__name__, **{
+    _attr(kind): (FaultSLO | None, Field(None, alias=kind)) for kind in catalog.KINDS})
 
 
 # -- safety ---------------------------------------------------------------------------------
@@ -556,7 +486,7 @@ class Profile(_Model):
             except ValidationError as e:
                 for err in e.errors():
                     problems.append(Problem(("hosts", "overrides", i, "ssh", *err["loc"]),
-                                            _problem_text(err) + " (after merging with hosts.defaults.ssh)"))
+                                            problem_text(err) + " (after merging with hosts.defaults.ssh)"))
         if self.kubernetes is None:
             for loc in k8s_uses:
                 problems.append(Problem(loc, "transport k8s needs a kubernetes: section (namespace, ray_cluster)"))
@@ -593,21 +523,17 @@ class Profile(_Model):
                 break
         return HostAccess(transport=transport, ssh=SSHSettings.model_validate(ssh), netns=netns)
 
-    def ssh_for(self, node_ip: str, hostname: str | None = None,
-                labels: Mapping[str, str] | None = None) -> SSHSettings:
-        return self.access_for(node_ip, hostname, labels).ssh
-
     def slo_for(self, kind: str) -> tuple[float, float]:
-        """(slo_detect_s, slo_recover_s) for a fault kind: its own entry over faults.defaults."""
-        own = self.faults.get(kind)
-        d = self.faults.defaults
-        return ((own.slo_detect_s if own and own.slo_detect_s else d.slo_detect_s),
-                (own.slo_recover_s if own and own.slo_recover_s else d.slo_recover_s))
+        """(slo_detect_s, slo_recover_s) for a fault kind: its own entry, else faults.defaults
+        where the profile sets them, else the catalog's SLOs for the kind."""
+        own, defaults, in_catalog = self.faults.get(kind), self.faults.defaults, catalog.kind(kind)
 
-    def budget_for(self, kind: str) -> str | None:
-        """The budget class the fault should be charged to (None: whatever the platform does)."""
-        own = self.faults.get(kind)
-        return own.expected_budget if own and own.expected_budget else DEFAULT_BUDGET[kind]
+        def pick(field: str) -> float:
+            if own is not None and getattr(own, field) is not None:
+                return getattr(own, field)
+            return getattr(defaults if field in defaults.model_fields_set else in_catalog, field)
+
+        return pick("slo_detect_s"), pick("slo_recover_s")
 
     def notes(self) -> list[str]:
         """Warnings that do not make the profile invalid but deserve a look."""
@@ -635,8 +561,7 @@ class Profile(_Model):
         return out
 
 
-# -- loading ----------------------------------------------------------------------------------
-def _problem_text(err: Mapping) -> str:
+def problem_text(err: Mapping) -> str:
     msg = err["msg"]
     if err["type"] in ("value_error", "assertion_error"):
         return msg.split(", ", 1)[1] if msg.startswith(("Value error, ", "Assertion failed, ")) else msg
@@ -651,253 +576,3 @@ def _problem_text(err: Mapping) -> str:
         msg += f", got a {'list' if isinstance(value, list) else 'mapping'}"
     return msg
 
-
-def _unwrap(annotation) -> list:
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _unwrap(arg)]
-    return [annotation]
-
-
-def _model_at(loc: Sequence) -> type[BaseModel] | None:
-    """The model class whose fields live at ``loc`` in a Profile (list indices skipped)."""
-    cls: Any = Profile
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-            return None
-        field = next((f for n, f in cls.model_fields.items() if (f.alias or n) == part), None)
-        if field is None:
-            return None
-        nxt = None
-        for cand in _unwrap(field.annotation):
-            if typing.get_origin(cand) in (list, tuple):
-                cand = typing.get_args(cand)[0]
-            if isinstance(cand, type) and issubclass(cand, BaseModel):
-                nxt = cand
-        cls = nxt
-    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
-
-
-def _extra_text(loc: Sequence) -> str:
-    key = str(loc[-1])
-    cls = _model_at(loc[:-1])
-    known = [f.alias or n for n, f in cls.model_fields.items()] if cls else []
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    if cls is FaultsSettings:
-        return f"unknown fault kind {key!r}{hint}; known kinds: {', '.join(KNOWN_FAULT_KINDS)} (and defaults)"
-    return f"unknown field {key!r}{hint}" + (f"; allowed here: {', '.join(known)}" if known else "")
-
-
-class _TooBig(Exception):
-    def __init__(self, line: int):
-        self.line = line
-
-
-class _Index:
-    """loc → line, from the composed YAML node tree; also finds duplicate keys and secrets."""
-
-    MAX_NODES = 100_000  # a profile is small; more means aliases expanding without end
-
-    def __init__(self):
-        self.lines: dict[tuple, int] = {}
-        self.problems: list[Problem] = []
-        self.visited = 0
-
-    def walk(self, node: yaml.Node, path: tuple = (), stack: frozenset = frozenset()) -> None:
-        if id(node) in stack:
-            return
-        self.visited += 1
-        if self.visited > self.MAX_NODES:
-            raise _TooBig(node.start_mark.line + 1)
-        stack = stack | {id(node)}
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[str, int] = {}
-            for key_node, value_node in node.value:
-                key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
-                line = key_node.start_mark.line + 1
-                if key == "<<":  # merge key: its entries count as this mapping's, explicit keys win
-                    for merged in (value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]):
-                        self.walk(merged, path, stack)
-                    continue
-                if key in seen:
-                    self.problems.append(Problem(path + (key,), f"duplicate key (first given on line {seen[key]}); "
-                                                                f"YAML would silently keep only the last", line))
-                seen.setdefault(key, line)
-                if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:str"):
-                    kind = key_node.tag.rsplit(":", 1)[-1] if isinstance(key_node, yaml.ScalarNode) else "collection"
-                    self.problems.append(Problem(path + (key,), f"YAML reads this key as {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, not a name; "
-                                                                f"quote it: '{key}':", line))
-                if is_secret_name(key):
-                    self.problems.append(Problem(path + (key,), f"looks like a secret; {SECRET_HINT}", line))
-                self.lines[path + (key,)] = line
-                self.walk(value_node, path + (key,), stack)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self.lines[path + (i,)] = item.start_mark.line + 1
-                self.walk(item, path + (i,), stack)
-        elif isinstance(node, yaml.ScalarNode) and isinstance(node.value, str):
-            for pattern, what in _SECRET_VALUES:
-                if pattern.search(node.value):
-                    self.problems.append(Problem(path, f"the value contains {what}; {SECRET_HINT}",
-                                                 node.start_mark.line + 1))
-
-    def line_for(self, loc: Sequence) -> int | None:
-        loc = tuple(p if isinstance(p, int) else str(p) for p in loc)
-        for n in range(len(loc), -1, -1):
-            if loc[:n] in self.lines:
-                return self.lines[loc[:n]]
-        return None
-
-
-def parse_profile(text: str, source: str | os.PathLike = "<profile>") -> Profile:
-    """Validate profile YAML text; ``source`` names it in messages."""
-    source = str(source)
-    loader = yaml.SafeLoader(text)
-    try:
-        try:
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line = f":{mark.line + 1}" if mark else ""
-            what = " ".join(x for x in (e.context, e.problem) if x)
-            raise ProfileError(f"{source}{line}: not valid YAML: {what}") from None
-        if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
-            raise ProfileError(f"{source}: the profile is empty; it needs at least name, ray and storage "
-                               f"(see examples/profiles/)")
-        if not isinstance(root, yaml.MappingNode):
-            kind = "a list" if isinstance(root, yaml.SequenceNode) else f"a single value ({root.value!r})"
-            raise ProfileError(f"{source}:{root.start_mark.line + 1}: the profile must be a mapping of "
-                               f"field: value at the top level, got {kind}")
-        index = _Index()
-        try:
-            index.walk(root)
-        except _TooBig as e:
-            raise ProfileError(f"{source}:{e.line}: the profile expands to more than {_Index.MAX_NODES} values "
-                               f"(anchors/aliases nested too deep?)") from None
-        if index.problems:
-            raise ProfileInvalid(index.problems, source)
-        try:
-            data = loader.construct_document(root)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            raise ProfileError(f"{source}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {e.problem}") from None
-    finally:
-        loader.dispose()
-    return _validate(data, source, index)
-
-
-def _validate(data: Any, source: str | None, index: _Index | None = None) -> Profile:
-    try:
-        profile = Profile.model_validate(data)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            if err["type"] == "extra_forbidden":
-                text = _extra_text(loc)
-            elif err["type"] == "missing":
-                text = f"required field {loc[-1]!r} is missing" if loc else "required field is missing"
-            else:
-                text = _problem_text(err)
-            line = index.line_for(loc[:-1] if err["type"] == "missing" else loc) if index else None
-            problems.append(Problem(loc, text, line))
-        raise ProfileInvalid(problems, source) from None
-    except ProfileInvalid as e:  # cross-field checks: add source and lines
-        problems = [p._replace(line=index.line_for(p.loc) if index else None) for p in e.problems]
-        raise ProfileInvalid(problems, source) from None
-    profile._source = source
-    return profile
-
-
-def load_profile(path: str | os.PathLike) -> Profile:
-    """Read and validate a profile; raises ProfileError naming file, line, field and problem."""
-    p = Path(path)
-    try:
-        text = p.expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: profile file not found (looked at {p.expanduser().resolve()})") from None
-    except IsADirectoryError:
-        raise ProfileError(f"{path}: is a directory; give the profile's YAML file") from None
-    except PermissionError:
-        raise ProfileError(f"{path}: profile file is not readable (permission denied)") from None
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"{path}: not a text file (not UTF-8 at byte {e.start}); a profile is YAML") from None
-    profile = parse_profile(text, path)
-    for note in profile.notes():
-        log.warning("%s: %s", path, note)
-    return profile
-
-
-def profile_from_dict(data: Mapping, source: str | None = None) -> Profile:
-    """Validate a profile given as a dict (messages name fields, without lines)."""
-    return _validate(dict(data), source)
-
-
-# -- embedded profiles ------------------------------------------------------------------------
-def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, hosts: list[dict], *,
-                     name: str = "embedded", driver_ip: str | None = None) -> dict:
-    """The profile (as a dict) of an already-running embedded cluster.
-
-    ``hosts``: one dict per worker host: ``address`` (required), ``hostname``, ``transport``
-    (``local`` — the default — or ``ssh``) and, for ssh, ``ssh`` with SSHSettings fields
-    (user, port, key_file, known_hosts, ...).  Every host is allowlisted by address; the
-    head never is.  Raises ProfileError when the result would not validate.
-    """
-    host = _host_port(gcs_address, "gcs_address")[0]
-    if driver_ip is None:
-        try:
-            driver_ip = str(ipaddress.ip_address(host))
-        except ValueError:
-            driver_ip = None
-    overrides, allow = [], []
-    for i, h in enumerate(hosts):
-        unknown = set(h) - {"address", "hostname", "transport", "ssh", "netns"}
-        if unknown or "address" not in h:
-            raise ProfileError(f"embedded_profile: hosts[{i}] needs address and may have hostname, transport, ssh; "
-                               f"got {sorted(h)}")
-        transport = h.get("transport", "local")
-        if transport not in ("local", "ssh"):
-            raise ProfileError(f"embedded_profile: hosts[{i}].transport must be local or ssh, got {transport!r}")
-        override: dict[str, Any] = {"match": {"address": h["address"]}, "transport": transport}
-        if h.get("ssh"):
-            override["ssh"] = dict(h["ssh"])
-        if h.get("netns"):
-            override["netns"] = h["netns"]
-        overrides.append(override)
-        allow.append({"address": h["address"]})
-    data: dict[str, Any] = {
-        "name": name,
-        "protected": False,
-        "ray": {"dashboard_url": dashboard_url, "gcs_address": gcs_address,
-                **({"driver_ip": driver_ip} if driver_ip else {})},
-        "storage": {"path": str(storage_path)},
-        "nodes": {"discovery": "ray"},
-        "hosts": {"defaults": {"transport": "local"}, "overrides": overrides},
-        "safety": {"allow_head": False, "allowlist": allow, "max_live_faults": 1,
-                   "min_alive_nodes": 1, "unhealthy_for_s": 60.0},
-    }
-    profile_from_dict(data, "embedded_profile()")
-    return data
-
-
-def dump_profile(profile: Mapping | Profile, path: str | os.PathLike) -> Path:
-    """Write a profile (dict or Profile) as YAML after validating it; returns the path."""
-    if isinstance(profile, Profile):
-        data = profile.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    else:
-        data = dict(profile)
-        profile_from_dict(data, str(path))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = ("# ray-chaos-harness profile, written by the harness; see docs/profiles.md\n"
-            + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from chaos.errors import ProfileError
-from chaos.profile import (KNOWN_FAULT_KINDS, Profile, ProfileInvalid, dump_profile, embedded_profile,
-                           is_secret_name, load_profile, parse_profile, profile_from_dict)
+from chaos.faults import catalog
+from chaos.profile import (Profile, ProfileInvalid, dump_profile, embedded_profile, is_secret_name, load_profile,
+                           parse_profile, profile_from_dict)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
 
@@ -52,7 +53,7 @@ def assert_problem(message: str, path: Path | str, line: int, field: str, proble
 def test_example_profiles_load(example):
     profile = load_profile(example)
     assert profile.source == str(example)
-    for kind in KNOWN_FAULT_KINDS:
+    for kind in catalog.KINDS:
         detect, recover = profile.slo_for(kind)
         assert 0 < detect <= recover
 
@@ -71,7 +72,9 @@ def test_minimal_profile_defaults(tmp_path):
         (22, False, True, 10.0, 60.0)
     assert p.workload.kind == "reference" and p.workload.reference.steps == 30
     assert p.slo_for("raylet-kill") == (30.0, 120.0)
-    assert p.budget_for("drain") == "preemption" and p.budget_for("raylet-kill") == "worker_group"
+    assert p.faults.get("drain") is None and p.faults.get("raylet-kill") is None  # the catalog's budgets apply
+    assert (catalog.kind("drain").budget_class, catalog.kind("raylet-kill").budget_class) == \
+        ("preemption", "worker_group")
     s = p.safety
     assert (s.allow_head, s.allowlist, s.allow_all_workers, s.max_live_faults, s.min_alive_nodes,
             s.unhealthy_for_s) == (False, [], False, 1, 1, 60.0)
@@ -261,7 +264,8 @@ hosts:
         port: 2201
 """
     p = load_profile(write(tmp_path, text))
-    assert (p.ssh_for("10.0.0.9", "gpu-1").user, p.ssh_for("10.0.0.9", "gpu-1").port) == ("ubuntu", 2201)
+    ssh = p.access_for("10.0.0.9", "gpu-1").ssh
+    assert (ssh.user, ssh.port) == ("ubuntu", 2201)
 
 
 def test_alias_bomb_refused(tmp_path):
@@ -431,7 +435,7 @@ def test_unknown_fault_kind_names_known_ones(tmp_path):
     msg = error_of(tmp_path, text)
     f = tmp_path / "staging.yaml"
     assert_problem(msg, f, 8, "faults.raylet_kill", "unknown fault kind 'raylet_kill' (did you mean 'raylet-kill'?)")
-    assert_problem(msg, f, 9, "faults.gpu-melt", "known kinds: " + ", ".join(KNOWN_FAULT_KINDS))
+    assert_problem(msg, f, 9, "faults.gpu-melt", "known kinds: " + ", ".join(catalog.KINDS))
 
 
 def test_fault_slos_and_budgets(tmp_path):
@@ -445,9 +449,17 @@ faults:
     assert p.slo_for("raylet-kill") == (5.0, 200.0)
     assert p.slo_for("partition") == (10.0, 60.0)
     assert p.slo_for("cuda") == (20.0, 200.0)
-    assert p.budget_for("partition") == "controller" and p.budget_for("xid") is None
+    assert p.faults.get("partition").expected_budget == "controller" and p.faults.get("xid") is None
+    assert catalog.kind("xid").budget_class is None
     with pytest.raises(ProfileError, match="unknown fault kind 'melt'; known kinds: raylet-kill"):
         p.slo_for("melt")
+
+
+def test_catalog_slos_apply_where_the_profile_sets_none(tmp_path, monkeypatch):
+    monkeypatch.setitem(catalog.KINDS, "partition", catalog.FaultKind("partition", "worker_group", 8.0, 90.0))
+    assert load_profile(write(tmp_path, MINIMAL)).slo_for("partition") == (8.0, 90.0)
+    text = MINIMAL + "faults:\n  defaults: {slo_recover_s: 200}\n"
+    assert load_profile(write(tmp_path, text)).slo_for("partition") == (8.0, 200.0)
 
 
 def test_fault_slo_problems(tmp_path):
@@ -464,7 +476,7 @@ faults:
     assert_problem(msg, f, 10, "faults.drain.expected_budget", "'worker_group', 'preemption' or 'controller'")
 
 
-# -- hosts: ssh_for -------------------------------------------------------------------------
+# -- hosts: access_for ----------------------------------------------------------------------
 HOSTS = MINIMAL + """\
 hosts:
   defaults:
@@ -482,20 +494,20 @@ hosts:
 """
 
 
-def test_ssh_for_merges_defaults_and_first_matching_override(tmp_path):
+def test_access_for_merges_defaults_and_first_matching_override(tmp_path):
     p = load_profile(write(tmp_path, HOSTS))
-    plain = p.ssh_for("10.0.0.5", "cpu-1", {})
+    plain = p.access_for("10.0.0.5", "cpu-1", {}).ssh
     assert (plain.user, plain.port, plain.key_file, plain.jump()) == ("ubuntu", 22, "~/.ssh/id", (None, "bastion", 2222))
-    exact = p.ssh_for("10.0.1.7", "gpu-7")  # first match wins: the exact address, not the CIDR or the glob
+    exact = p.access_for("10.0.1.7", "gpu-7").ssh  # first match wins: the exact address, not the CIDR or the glob
     assert (exact.user, exact.port, exact.jump_host) == ("ubuntu", 2207, "bastion:2222")
-    cidr = p.ssh_for("10.0.1.8", "gpu-8")
+    cidr = p.access_for("10.0.1.8", "gpu-8").ssh
     assert (cidr.user, cidr.port, cidr.jump_host, cidr.key_file) == ("dmz", 22, None, "~/.ssh/id")
-    glob = p.ssh_for("10.0.2.1", "gpu-a100-1")  # hostname globs are case-insensitive
+    glob = p.access_for("10.0.2.1", "gpu-a100-1").ssh  # hostname globs are case-insensitive
     assert glob.user == "gpu"
     access = p.access_for("10.0.3.1", "cpu-3", {"pool": "spot"})
     assert (access.transport, access.ssh.connect_timeout_s, access.ssh.user) == ("local", 3.0, "ubuntu")
     assert p.access_for("10.0.3.1", "cpu-3", {"pool": "ondemand"}).transport == "ssh"
-    assert p.ssh_for("10.0.3.1", None, None).user == "ubuntu"
+    assert p.access_for("10.0.3.1", None, None).ssh.user == "ubuntu"
     assert p.hosts.defaults.ssh.key_path == Path("~/.ssh/id").expanduser()
 
 
