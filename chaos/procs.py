@@ -22,21 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def session_members(sid: int) -> list[int]:
-    """PIDs whose session id is ``sid`` (read from /proc/<pid>/stat)."""
+    """PIDs whose session id is ``sid``; zombies are left out (dead already, only unreaped)."""
     members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["status"]):
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(proc.pid) == sid:
+                members.append(proc.pid)
+        except OSError:  # exited while we looked
             continue
-        # Field 2 (comm) may contain spaces/parens: split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields[0] is the state: a zombie is already dead, only unreaped.
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
     return members
 
 

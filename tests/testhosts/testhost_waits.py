@@ -5,22 +5,15 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import tenacity
+from chaos.waits import poll_until
 
 
 def _poll(check, awaited: str, timeout: float):
     """Poll ``check`` (returns what was seen, or None when satisfied) until a deadline."""
-    seen = []
-
     def attempt():
-        seen[:] = [check()]
-        return seen[0] is None
-
-    try:
-        tenacity.Retrying(stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(0.05),
-                          retry=tenacity.retry_if_result(lambda ok: not ok))(attempt)
-    except tenacity.RetryError:
-        raise AssertionError(f"awaited {awaited} for {timeout}s; saw {seen[0]}") from None
+        seen = check()
+        return seen is None, seen or "it"
+    poll_until(attempt, timeout, awaited, interval=0.05)
 
 
 def wait_listening(address: str, port: int, timeout: float = 10.0) -> None:
