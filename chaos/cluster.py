@@ -112,12 +112,6 @@ class ClusterView:
 
         return poll_until(check, timeout, what)
 
-    def wait_node_dead(self, node_id: str, timeout: float) -> Node:
-        return self.wait_until(
-            lambda ns: next((n for n in ns if n.node_id == node_id and not n.alive), None),
-            timeout, f"node {node_id[:8]} to be marked DEAD",
-        )
-
     def wait_alive_workers(self, count: int, timeout: float) -> list[Node]:
         return self.wait_until(
             lambda ns: (lambda alive: alive if len(alive) >= count else None)([n for n in ns if n.alive and not n.is_head]),

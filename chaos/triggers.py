@@ -52,16 +52,3 @@ class AtStep:
 
         return timeline.wait_for(ready, timeout, f"step {self.n} to be reported", abort=_finished)
 
-
-def parse(text: str):
-    """'checkpoint:2' or 'step:10' (the --chaos-trigger option)."""
-    kind, _, value = text.partition(":")
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"trigger {text!r}: expected 'checkpoint:<k>' or 'step:<n>'") from None
-    if kind == "checkpoint":
-        return AfterCheckpoint(n)
-    if kind == "step":
-        return AtStep(n)
-    raise ValueError(f"trigger {text!r}: unknown kind {kind!r}; expected 'checkpoint:<k>' or 'step:<n>'")

@@ -442,12 +442,6 @@ class EmbeddedCluster:
             self._cond.notify_all()
 
     # -- queries and waits -------------------------------------------------------
-    def host_of(self, node_id: str) -> WorkerHost | None:
-        for host in self.hosts:
-            if node_id in host.history:
-                return host
-        return None
-
     def wait_workers_alive(self, timeout: float) -> None:
         """Wait until every worker host has a live raylet registered with the GCS."""
         deadline = time.monotonic() + timeout

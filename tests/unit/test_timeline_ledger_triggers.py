@@ -8,7 +8,7 @@ from chaos.errors import Aborted, WaitTimeout
 from chaos.ledger import Ledger, sweep
 from chaos.timeline import Event, Timeline, ettr, recovery_metrics
 from chaos.transport.base import CommandResult
-from chaos.triggers import AfterCheckpoint, AtStep, parse
+from chaos.triggers import AfterCheckpoint, AtStep
 from timelines import Script
 
 
@@ -38,10 +38,7 @@ def test_abort_interrupts_every_wait():
         AtStep(1).wait(tl, timeout=5)
 
 
-def test_trigger_parsing_names_the_bad_input():
-    assert parse("checkpoint:2") == AfterCheckpoint(2) and parse("step:7") == AtStep(7)
-    with pytest.raises(ValueError, match="unknown kind 'epoch'"):
-        parse("epoch:1")
+def test_checkpoints_count_from_1():
     with pytest.raises(ValueError, match="k counts from 1"):
         AfterCheckpoint(0)
 
