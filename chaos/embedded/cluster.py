@@ -1,17 +1,21 @@
 """The embedded cluster: a real Ray head and real Ray worker nodes on this machine.
 
-Plain mode (no root needed): every node is a ``ray start --block`` process tree on its
-own loopback address — head 127.0.1.1, workers 127.0.1.2 and up.  127.0.0.1 is never
-used: Ray silently rewrites it to the machine's network address.
+Each worker host's node runs on a ``Machine``.  Plain mode (no root needed): a
+``LoopbackMachine``, a ``ray start --block`` process tree on the host's own loopback
+address — head 127.0.1.1, workers 127.0.1.2 and up.  127.0.0.1 is never used: Ray silently
+rewrites it to the machine's network address.  Namespaces mode (root): a
+``TestHostMachine``, the workload of a test host (chaos.embedded.testhost).
 
 Every node runs in its own session, so stopping a node means signalling exactly the
 PIDs of that session.  A supervisor thread watches each worker's raylet; with automatic
 node recovery on (the SageMaker HyperPod behaviour) a worker whose raylet died is
-started again after ``recovery_delay_s`` and joins as a new Ray node.
+started again after ``recovery_delay_s`` and joins as a new Ray node.  Every node starts
+with this interpreter's directory first on PATH, so a job's ``python`` is the one with Ray.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import logging
@@ -23,11 +27,15 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from chaos.errors import ClusterError, WaitTimeout
 from chaos.procs import TrackedProcess
+
+if TYPE_CHECKING:
+    from chaos.embedded.testhost import TestHost
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +161,7 @@ class WorkerHost:
 
     name: str
     ip: str
-    process: TrackedProcess | None = None
-    testhost: object | None = None  # chaos.embedded.testhost.TestHost in namespaces mode
+    machine: "Machine | None" = None
     raylet_pid: int | None = None
     node_id: str | None = None
     boots: int = 0
@@ -162,6 +169,162 @@ class WorkerHost:
     last_log: Path | None = None
     boot_seen: int = 0
     history: list[str] = dataclasses.field(default_factory=list)  # node ids, oldest first
+
+    @property
+    def process(self) -> TrackedProcess | None:
+        """The node's process tree on a plain host (None on a test host or while down)."""
+        return self.machine.process
+
+    @property
+    def testhost(self) -> "TestHost | None":
+        """The test host (namespaces mode; None on a plain host)."""
+        return self.machine.testhost
+
+
+class Machine(abc.ABC):
+    """What a worker host's Ray node runs on.  The cluster boots it and its supervisor thread
+    calls ``check`` to follow the node's raylet and bring the host back when it died."""
+
+    process: TrackedProcess | None = None
+    testhost: "TestHost | None" = None
+
+    def __init__(self, cluster: "EmbeddedCluster", host: WorkerHost):
+        self.cluster = cluster
+        self.host = host
+
+    @abc.abstractmethod
+    def boot(self, argv: list[str], env: dict[str, str]) -> Path:
+        """Start ``argv`` (``ray start ... --block``) as the host's node; return its log."""
+
+    @abc.abstractmethod
+    def check(self, now: float) -> None:
+        """Follow the raylet (supervisor thread); recover the host when it is due."""
+
+    @abc.abstractmethod
+    def state(self) -> str:
+        """A word for messages: down, booting, up..."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop everything the host runs (teardown); raise when something is left."""
+
+    def keep_logs(self, dest: Path) -> None:
+        """Copy logs that live outside the cluster's log dir to ``dest`` (teardown)."""
+
+    def _found(self, raylet: tuple[int, str], boot: int) -> None:
+        host = self.host
+        with self.cluster._cond:
+            host.raylet_pid, host.node_id = raylet
+            if not host.history or host.history[-1] != host.node_id:
+                host.history.append(host.node_id)
+            host.down_since = None
+            host.boot_seen = boot
+            self.cluster._cond.notify_all()
+
+
+class LoopbackMachine(Machine):
+    """Plain mode: the node is a process tree of this machine on the host's loopback address.
+    When its raylet dies the rest of the tree is stopped, and node recovery starts a new
+    tree after the recovery delay."""
+
+    def boot(self, argv: list[str], env: dict[str, str]) -> Path:
+        host = self.host
+        self.process = TrackedProcess(argv, self.cluster.log_dir / f"{host.name}.boot{host.boots}.log", env=env,
+                                      name=host.name)
+        return self.process.log_path
+
+    def check(self, now: float) -> None:
+        host, proc = self.host, self.process
+        if proc is not None and host.raylet_pid is None:
+            found = raylet_of(proc)
+            if found:
+                self._found(found, host.boots)
+            elif not proc.alive():
+                self._mark_down(now)
+            return
+        if proc is not None and (not psutil.pid_exists(host.raylet_pid) or _is_zombie(host.raylet_pid)):
+            log.warning("%s: raylet pid %s (node %s) is gone", host.name, host.raylet_pid, host.node_id)
+            self._mark_down(now)
+            return
+        config = self.cluster.config
+        if proc is None and config.node_recovery and host.down_since is not None:
+            if now - host.down_since >= config.recovery_delay_s:
+                self.cluster._boot(host)
+
+    def _mark_down(self, now: float) -> None:
+        self.stop()  # the rest of the dead node's processes (agents, log monitor)
+        with self.cluster._cond:
+            self.host.raylet_pid = None
+            self.host.down_since = now
+            self.cluster._cond.notify_all()
+
+    def state(self) -> str:
+        return "down" if self.process is None else "booting"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+class TestHostMachine(Machine):
+    """Namespaces mode: the node is the workload of a test host, which reboots by itself
+    (a reboot over SSH); the cluster only follows its raylet.  If the raylet dies while the
+    host stays up, node recovery power-cycles the host (as HyperPod reboots a node), after
+    which its workload starts a new node."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(self, cluster: "EmbeddedCluster", host: WorkerHost, testhost: "TestHost"):
+        super().__init__(cluster, host)
+        self.testhost = testhost
+
+    def boot(self, argv: list[str], env: dict[str, str]) -> Path:
+        th = self.testhost
+        # Torch's gloo resolves the hostname to pick an interface; a test host's name does not
+        # resolve, so name the interface, as one does on real multi-NIC nodes.
+        th.workload, th.env = argv, {**env, "GLOO_SOCKET_IFNAME": "eth0"}
+        if not th.is_up:
+            th.boot(wait=True)
+        return th.workload_log
+
+    def check(self, now: float) -> None:
+        host, th, cond = self.host, self.testhost, self.cluster._cond
+        if not th.is_up:
+            with cond:
+                host.raylet_pid = None
+                host.down_since = host.down_since or now
+                cond.notify_all()
+            return
+        if host.raylet_pid is None:
+            found = raylet_in(th.namespace_pids())
+            if found:
+                self._found(found, th.boot_count)
+            return
+        if psutil.pid_exists(host.raylet_pid) and not _is_zombie(host.raylet_pid):
+            return
+        if host.boot_seen != th.boot_count:  # the host rebooted under us: wait for its new raylet
+            host.raylet_pid = None
+            return
+        host.down_since = host.down_since or now
+        # Give a reboot in progress time to take the host down before treating this as a dead raylet.
+        config = self.cluster.config
+        if config.node_recovery and now - host.down_since >= max(1.5, config.recovery_delay_s):
+            log.warning("%s: raylet %s died, host still up: rebooting it (node recovery)", host.name, host.raylet_pid)
+            host.raylet_pid = None
+            host.boots += 1
+            th.power_cycle()
+
+    def state(self) -> str:
+        return self.testhost.state.value
+
+    def stop(self) -> None:
+        self.testhost.close()
+
+    def keep_logs(self, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for log_file in Path(self.testhost.state_dir).glob("*.log"):
+            shutil.copy2(log_file, dest / log_file.name)
 
 
 class EmbeddedCluster:
@@ -174,6 +337,8 @@ class EmbeddedCluster:
         self.network = None
         self.head_ip = HEAD_IP
         self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"127.0.1.{i + 2}") for i in range(self.config.workers)]
+        for host in self.hosts:
+            host.machine = LoopbackMachine(self, host)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -202,6 +367,12 @@ class EmbeddedCluster:
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
             env.pop(k, None)
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.0/8,localhost"
+        # Ray turns token auth on by itself once any local ray.init() has left ~/.ray/auth_token;
+        # this cluster never leaves loopback or the test-host bridge, and its clients send no token.
+        env["RAY_AUTH_MODE"] = "disabled"
+        # A job's entrypoint (`python my_train.py`) is looked up on its node's PATH: make it
+        # this interpreter, the one with Ray, whatever the shell that started us had first.
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
         return env
 
     # -- lifecycle ---------------------------------------------------------------
@@ -231,7 +402,7 @@ class EmbeddedCluster:
                                        subnet=subnet, boot_delay=self.config.recovery_delay_s).up()
         self.head_ip = self.network.head_address
         for host in self.hosts:
-            host.testhost = self.network.add_host(f"rc-{host.name}")
+            host.machine = TestHostMachine(self, host, self.network.add_host(f"rc-{host.name}"))
             host.ip = host.testhost.address
 
     def _free_bridge(self) -> tuple[str, str]:
@@ -295,24 +466,12 @@ class EmbeddedCluster:
         ]
         host.boots += 1
         log.info("booting %s at %s (boot %d)", host.name, host.ip, host.boots)
-        if host.testhost is not None:
-            th = host.testhost
-            # Torch's gloo resolves the hostname to pick an interface; a test host's name does not
-            # resolve, so name the interface, as one does on real multi-NIC nodes.
-            th.workload, th.env = argv, {**self._env(), "GLOO_SOCKET_IFNAME": "eth0"}
-            with self._cond:
-                host.last_log = th.workload_log
-                host.raylet_pid = None
-                host.node_id = None
-            if not th.is_up:
-                th.boot(wait=True)
-            return
-        proc = TrackedProcess(argv, self.log_dir / f"{host.name}.boot{host.boots}.log", env=self._env(), name=host.name)
         with self._cond:
-            host.process = proc
-            host.last_log = proc.log_path
             host.raylet_pid = None
             host.node_id = None
+        boot_log = host.machine.boot(argv, self._env())
+        with self._cond:
+            host.last_log = boot_log
 
     def down(self) -> None:
         """Stop every node by PID; idempotent."""
@@ -320,18 +479,18 @@ class EmbeddedCluster:
         if self._supervisor and self._supervisor.is_alive() and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=10)
         errors = []
+        for host in self.hosts:
+            try:
+                host.machine.stop()
+            except Exception as e:  # keep stopping the rest; report all at the end
+                errors.append(f"{host.name}: {e}")
+            host.machine.keep_logs(self.log_dir / "hosts" / host.name)
         if self.network is not None:
             try:
                 self.network.close()
             except Exception as e:
                 errors.append(f"test hosts: {e}")
-            self._keep_host_logs()
-        for host in self.hosts:
-            if host.process is not None:
-                try:
-                    host.process.stop()
-                except RuntimeError as e:
-                    errors.append(str(e))
+            shutil.rmtree(self.network.state_dir, ignore_errors=True)  # it holds the SSH private key
         if self.head is not None:
             try:
                 self.head.stop()
@@ -341,17 +500,6 @@ class EmbeddedCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if errors:
             raise ClusterError("embedded cluster teardown left processes behind: " + "; ".join(errors))
-
-    def _keep_host_logs(self) -> None:
-        """Keep each test host's logs under base_dir; drop its state dir (it holds the SSH private key)."""
-        for host in self.hosts:
-            if host.testhost is None:
-                continue
-            dest = self.log_dir / "hosts" / host.name
-            dest.mkdir(parents=True, exist_ok=True)
-            for log_file in Path(host.testhost.state_dir).glob("*.log"):
-                shutil.copy2(log_file, dest / log_file.name)
-        shutil.rmtree(self.network.state_dir, ignore_errors=True)
 
     def _keep_ray_logs(self) -> None:
         """Copy each node's Ray session logs under base_dir before the temp dir goes."""
@@ -367,79 +515,7 @@ class EmbeddedCluster:
     def _supervise(self) -> None:
         while not self._stop.wait(0.2):
             for host in self.hosts:
-                self._check(host)
-
-    def _check(self, host: WorkerHost) -> None:
-        if host.testhost is not None:
-            return self._check_testhost(host)
-        proc = host.process
-        now = time.monotonic()
-        if proc is not None and host.raylet_pid is None:
-            found = raylet_of(proc)
-            if found:
-                with self._cond:
-                    host.raylet_pid, host.node_id = found
-                    host.history.append(host.node_id)
-                    host.down_since = None
-                    self._cond.notify_all()
-            elif not proc.alive():
-                self._mark_down(host, now)
-            return
-        if proc is not None and (not psutil.pid_exists(host.raylet_pid) or _is_zombie(host.raylet_pid)):
-            log.warning("%s: raylet pid %s (node %s) is gone", host.name, host.raylet_pid, host.node_id)
-            self._mark_down(host, now)
-            return
-        if proc is None and self.config.node_recovery and host.down_since is not None:
-            if now - host.down_since >= self.config.recovery_delay_s:
-                self._boot(host)
-
-    def _check_testhost(self, host: WorkerHost) -> None:
-        """A test host reboots by itself (reboot over SSH); we only follow its raylet.
-
-        If the raylet dies while the host stays up, automatic node recovery reboots the
-        host (as HyperPod does), after which its workload starts a new node.
-        """
-        th = host.testhost
-        now = time.monotonic()
-        if not th.is_up:
-            with self._cond:
-                host.raylet_pid = None
-                host.down_since = host.down_since or now
-                self._cond.notify_all()
-            return
-        if host.raylet_pid is None:
-            found = raylet_in(th.namespace_pids())
-            if found:
-                with self._cond:
-                    host.raylet_pid, host.node_id = found
-                    if not host.history or host.history[-1] != host.node_id:
-                        host.history.append(host.node_id)
-                    host.down_since = None
-                    host.boot_seen = th.boot_count
-                    self._cond.notify_all()
-            return
-        if psutil.pid_exists(host.raylet_pid) and not _is_zombie(host.raylet_pid):
-            return
-        if host.boot_seen != th.boot_count:  # the host rebooted under us: wait for its new raylet
-            host.raylet_pid = None
-            return
-        host.down_since = host.down_since or now
-        # Give a reboot in progress time to take the host down before treating this as a dead raylet.
-        if self.config.node_recovery and now - host.down_since >= max(1.5, self.config.recovery_delay_s):
-            log.warning("%s: raylet %s died, host still up: rebooting it (node recovery)", host.name, host.raylet_pid)
-            host.raylet_pid = None
-            host.boots += 1
-            th.power_cycle()
-
-    def _mark_down(self, host: WorkerHost, now: float) -> None:
-        proc = host.process
-        if proc is not None:
-            proc.stop()  # the rest of the dead node's processes (agents, log monitor)
-        with self._cond:
-            host.process = None
-            host.raylet_pid = None
-            host.down_since = now
-            self._cond.notify_all()
+                host.machine.check(time.monotonic())
 
     # -- queries and waits -------------------------------------------------------
     def wait_workers_alive(self, timeout: float) -> None:
@@ -448,7 +524,7 @@ class EmbeddedCluster:
         while True:
             for host in self.hosts:
                 if self._supervisor is None:  # start-up: a node that dies now is a start-up failure
-                    self._check(host)
+                    host.machine.check(time.monotonic())
                     if host.down_since is not None:
                         raise ClusterError(
                             f"{host.name} ({host.ip}) died during start-up; see {host.last_log} and the raylet logs "
@@ -459,7 +535,7 @@ class EmbeddedCluster:
             if not missing:
                 return
             if time.monotonic() > deadline:
-                logs = ", ".join(str(h.process.log_path) for h in self.hosts if h.process and h.name in missing)
+                logs = ", ".join(str(h.last_log) for h in self.hosts if h.last_log and h.name in missing)
                 raise ClusterError(
                     f"worker nodes {missing} did not register with the Ray head within {timeout:.0f}s; logs: {logs or 'none'}"
                 )
@@ -486,7 +562,7 @@ class EmbeddedCluster:
             if not ok:
                 raise WaitTimeout(
                     f"timed out after {timeout:.0f}s waiting for {host.name} ({host.ip}) to rejoin with a new node id; "
-                    f"it is {'down' if host.process is None else 'booting'} (node recovery "
+                    f"it is {host.machine.state()} (node recovery "
                     f"{'on' if self.config.node_recovery else 'off'}), node history {host.history}"
                 )
             return host.node_id

@@ -1,4 +1,4 @@
-"""Embedded test hosts: simulated machines for Ray worker nodes (DESIGN §7).
+"""Embedded test hosts: simulated machines for Ray worker nodes.
 
 A ``TestHost`` is a network + PID + mount + UTS + IPC namespace set on a bridge owned by a
 ``TestHostNetwork``: its own address, hostname, sshd with its own host key, a boot id
@@ -7,16 +7,15 @@ the way a real machine loses it: the PID namespace's init dies and the kernel ki
 process in it at once. A harness-side supervisor thread per host watches each boot and
 boots the host again after a reboot.
 
-Two halves live here because they are one protocol: the supervisor (harness side) and
-the init (``python -m chaos.embedded.testhost BOOT_JSON``, PID 1 inside the host). The
-init reports to the supervisor over a unix datagram socket with SO_PASSCRED, so the
-supervisor learns host-side PIDs and sshd readiness (sshd's own ``sd_notify``) without
-polling and without the network, which may be partitioned.
+This is the supervisor (harness side); the init, PID 1 inside the host, is
+chaos.embedded.testhost_init. The init reports to the supervisor over a unix datagram
+socket with SO_PASSCRED, so the supervisor learns host-side PIDs and sshd readiness
+(sshd's own ``sd_notify``) without polling and without the network, which may be
+partitioned.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import enum
 import functools
@@ -40,47 +39,15 @@ from typing import Callable, Mapping, Sequence
 
 import chaos
 from chaos.embedded import netns
+from chaos.embedded.testhost_init import DEFAULT_PATH, INIT_MARKER, POWER_COMMANDS, POWER_SCRIPT, SSHD
 from chaos.errors import ClusterError, WaitTimeout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BRIDGE = "rcbr0"
 DEFAULT_SUBNET = "198.18.0.0/24"
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SSHD = "/usr/sbin/sshd"
 REBOOT_COMMAND = "systemctl reboot"
-INIT_MARKER = "chaos.embedded.testhost"
-
-# Inside the host, `systemctl reboot` & co. signal the init; the init then calls reboot(2),
-# which in a non-initial PID namespace SIGKILLs the namespace's init (so every process in
-# it) and reports SIGHUP (restart) or SIGINT (power off) as the init's fate.
-REBOOT_SIGNAL = signal.SIGUSR1
-POWEROFF_SIGNAL = signal.SIGUSR2
-_RB_AUTOBOOT = 0x01234567
-_RB_POWER_OFF = 0x4321FEDC
-
 _REBOOT_CAUSES = ("reboot", "power-cycle")  # boot ends after which the host boots again
-_POWER_COMMANDS = ("systemctl", "reboot", "poweroff", "halt", "shutdown")
-_POWER_SCRIPT = """#!/bin/sh
-# Power control of a chaos test host, installed as systemctl/reboot/poweroff/halt/shutdown.
-# It never touches the real machine: it only signals the test host's own init (PID 1).
-tr '\\0' ' ' </proc/1/cmdline | grep -q '{marker}' || {{
-    echo "$0: not inside a chaos test host; refusing" >&2; exit 1; }}
-name=$(basename "$0"); action=""
-for arg in "$name" "$@"; do
-    case "$arg" in
-        reboot|-r) action=reboot ;;
-        poweroff|halt|-h|-P|-H) [ -n "$action" ] || action=poweroff ;;
-    esac
-done
-[ "$name" = shutdown ] && [ -z "$action" ] && action=poweroff
-case "$action" in
-    reboot) exec kill -s {reboot} 1 ;;
-    poweroff) exec kill -s {poweroff} 1 ;;
-esac
-echo "$name: a chaos test host only supports reboot and poweroff" >&2
-exit 1
-""".format(marker=INIT_MARKER, reboot=REBOOT_SIGNAL.name[3:], poweroff=POWEROFF_SIGNAL.name[3:])
 
 _HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 _REQUIRED_TOOLS = {"ip": "iproute2", "iptables": "iptables", "nsenter": "util-linux",
@@ -396,9 +363,9 @@ class TestHost(netns.Console):  # partition / heal / is_partitioned through its 
         bin_dir = sd / "bin"
         bin_dir.mkdir(exist_ok=True)
         power = bin_dir / "rc-power"
-        power.write_text(_POWER_SCRIPT)
+        power.write_text(POWER_SCRIPT)
         power.chmod(0o755)
-        for name in _POWER_COMMANDS:
+        for name in POWER_COMMANDS:
             link = bin_dir / name
             if not link.is_symlink():
                 link.symlink_to("rc-power")
@@ -688,102 +655,3 @@ def _kill_and_wait(pids: Sequence[int], timeout: float, what: str) -> None:
             pass
         finally:
             os.close(fd)
-
-
-# --- the init: PID 1 inside a test host ------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MNT_DETACH = 2, 4, 4096, 2
-
-
-def _mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
-    if _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                   data.encode() if data else None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
-
-
-def _prepare_namespace(cfg: dict) -> None:
-    """Make the fresh mount/UTS namespaces look like this host's machine."""
-    socket.sethostname(cfg["name"])
-    # A private /run. Detach our copies of the machine's /run mounts first: copies of
-    # /run/netns/* would keep other hosts' network namespaces alive after their teardown.
-    with open("/proc/self/mountinfo") as f:
-        targets = sorted({line.split()[4] for line in f}, key=len)
-    for target in targets:
-        if target == "/run" or target.startswith("/run/"):
-            _libc.umount2(target.encode(), _MNT_DETACH)  # EINVAL once a parent went: fine
-    _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-    os.mkdir("/run/sshd", 0o755)
-    _mount(cfg["boot_id_file"], "/proc/sys/kernel/random/boot_id", flags=_MS_BIND)
-    # Root's home shows the real one (the venv's interpreter may live there) but writes
-    # land in this boot's /run: a session cut off by a power loss must not leave the real
-    # home half-written (e.g. a stale lock file of a shell's rc script hanging every shell).
-    os.makedirs("/run/rc-home/upper")
-    os.makedirs("/run/rc-home/work")
-    _mount("overlay", "/root", "overlay", 0, "lowerdir=/root,upperdir=/run/rc-home/upper,workdir=/run/rc-home/work")
-    # Shadow the real machine's power commands: they must reach this host's init only.
-    seen = set()
-    for directory in DEFAULT_PATH.split(":"):
-        for name in _POWER_COMMANDS:
-            real = os.path.realpath(os.path.join(directory, name))
-            if os.path.isfile(real) and real not in seen:
-                seen.add(real)
-                _mount(cfg["power_script"], real, flags=_MS_BIND)
-
-
-def _power(request: int) -> None:
-    if os.getpid() == 1:  # reboot(2) outside a child PID namespace would hit the real machine
-        _libc.reboot(request)
-    os._exit(1)
-
-
-def _init_main(config_path: str) -> None:
-    """PID 1 of a test host: set up, start sshd and the workload, reap, obey power requests."""
-    if os.getpid() != 1:
-        sys.exit(f"{INIT_MARKER} init must run as PID 1 of a fresh PID namespace")
-    cfg = json.loads(Path(config_path).read_text())
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.connect(cfg["notify_socket"])
-    notify.send(b"INIT=1")
-    signal.signal(REBOOT_SIGNAL, lambda *_: _power(_RB_AUTOBOOT))
-    signal.signal(POWEROFF_SIGNAL, lambda *_: _power(_RB_POWER_OFF))
-    try:
-        _prepare_namespace(cfg)
-        with open(cfg["sshd_log"], "ab") as sshd_log:
-            sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", cfg["sshd_config"]], stdin=subprocess.DEVNULL,
-                                    stdout=sshd_log, stderr=sshd_log,
-                                    env={"PATH": DEFAULT_PATH, "NOTIFY_SOCKET": cfg["notify_socket"]})
-    except Exception as e:
-        notify.send(f"ERROR={e}".encode())
-        raise
-    workload = None
-    if cfg["workload"]:
-        with open(cfg["workload_log"], "ab") as out:
-            try:
-                workload = subprocess.Popen(cfg["workload"], stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=subprocess.STDOUT, env=cfg["env"], cwd="/root",
-                                            preexec_fn=lambda: notify.send(b"WORKLOAD=1"))
-            except OSError as e:  # like a failing service: the machine itself stays up
-                out.write(f"cannot start workload {cfg['workload']}: {e}\n".encode())
-                print(f"{cfg['name']}: cannot start workload: {e}", file=sys.stderr, flush=True)
-                if cfg["reboot_when_workload_exits"]:
-                    _power(_RB_AUTOBOOT)
-    print(f"{cfg['name']}: sshd PID {sshd.pid}, workload PID {workload.pid if workload else None}",
-          file=sys.stderr, flush=True)
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            signal.pause()
-            continue
-        if workload is not None and pid == workload.pid:
-            print(f"{cfg['name']}: workload exited ({os.waitstatus_to_exitcode(status)})", file=sys.stderr, flush=True)
-            if cfg["reboot_when_workload_exits"]:
-                _power(_RB_AUTOBOOT)
-        elif pid == sshd.pid:
-            print(f"{cfg['name']}: sshd exited ({os.waitstatus_to_exitcode(status)})", file=sys.stderr, flush=True)
-
-
-if __name__ == "__main__":
-    _init_main(sys.argv[1])

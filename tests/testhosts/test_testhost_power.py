@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from chaos.embedded.testhost import HostState
+from chaos.embedded.testhost_init import INIT_MARKER
 from chaos.errors import ClusterError, TransportError
 from chaos.transport.ssh import SSHTransport
 from testhost_waits import wait_text
@@ -35,7 +36,7 @@ def test_host_sees_its_own_machine(ssh, host):
                   "grep -c nsfs /proc/self/mountinfo").stdout
     name, init_cmdline, nprocs, netns_mounts = out.strip().split("\n")
     assert name == host.name
-    assert "chaos.embedded.testhost" in init_cmdline
+    assert INIT_MARKER in init_cmdline
     assert int(nprocs) < 10  # init, sshd, workload, this session: not the whole machine
     assert netns_mounts == "0"  # no copies that would keep other hosts' netns alive
 
