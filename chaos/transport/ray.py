@@ -1,7 +1,7 @@
 """The `ray` transport: Ray's own gRPC services on a node.
 
 This is the ONLY module that touches Ray's generated gRPC stubs
-(``ray.core.generated``); tests/test_ray_grpc_contract.py fails loudly if the pinned Ray
+(``ray.core.generated``); tests/unit/test_ray_contracts.py fails loudly if the pinned Ray
 changes them.  Ray's own chaos utilities kill raylets the same way.
 """
 
