@@ -77,6 +77,7 @@ class Timeline:
         self._cond = threading.Condition()
         self._aborted: str | None = None
         self._abort_exc: type[Exception] = Aborted
+        self.guard: Callable[[list[Event]], None] | None = None  # may raise to stop every wait
         self.clock_offset = 0.0  # head clock - harness clock, measured at the run's start
         self.clock_uncertainty = 0.5  # seconds either way when comparing head and harness times
 
@@ -146,6 +147,8 @@ class Timeline:
                 value = predicate(events)
                 if value:
                     return value
+                if self.guard is not None:
+                    self.guard(events)
                 reason = abort(events) if abort else None
                 if reason:
                     raise WaitTimeout(f"stopped waiting for {what}: {reason}; last events: {_tail(events)}")

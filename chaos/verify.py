@@ -522,17 +522,18 @@ def run_finished(timeline: Timeline, expect: Expectation) -> Verdict:
 
 
 # -- progress --------------------------------------------------------------------------
-def last_steps(timeline: Timeline) -> dict[int, Any]:
+def last_steps(events: list[Event]) -> dict[int, Any]:
     """Each rank's last reported step (over every run and attempt)."""
     out: dict[int, Any] = {}
-    for r in timeline.reports():
-        out.update(steps_of(r))
+    for r in events:
+        if r.kind == "report":
+            out.update(steps_of(r))
     return out
 
 
-def stalled(timeline: Timeline, quiet_s: float, limit_s: float, waiting_for: str) -> Verdict:
+def stalled(events: list[Event], quiet_s: float, limit_s: float, waiting_for: str) -> Verdict:
     """The run stopped reporting: a finding about the run, not a harness error."""
-    steps = last_steps(timeline)
+    steps = last_steps(events)
     ranks = ", ".join(f"rank {r} at step {s}" for r, s in sorted(steps.items())) or "no rank had reported"
     return Verdict("progress", "fail", f"training stalled: no rank reported for {quiet_s:.0f} s (stall limit "
                    f"{limit_s:.0f} s) while waiting for {waiting_for}; last steps: {ranks}", "training stalled",
@@ -561,7 +562,11 @@ def healed(nodes_ok: bool, nodes_detail: str, armed: list[dict], resources_ok: b
 
 
 # -- all of it -------------------------------------------------------------------------
-def verdicts_for(timeline: Timeline, expect: Expectation) -> list[Verdict]:
+def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True) -> list[Verdict]:
+    """Every verdict; for a run stopped because it stalled (``finished=False``), only the
+    restarts it made — the stall itself is the finding about how it ended."""
+    if not finished:
+        return [*resumed_from_latest(timeline), *state_restored(timeline)]
     return [*resumed_from_latest(timeline), *state_restored(timeline), within_budget(timeline, expect),
             *recovery_time(timeline, expect), run_finished(timeline, expect)]
 

@@ -392,7 +392,7 @@ def test_stalled_and_did_not_resume_messages():
 
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .steps(11, 14, rank_step=lambda r, s: s - 10 if r == 1 else s).timeline())
-    v = stalled(tl, 75, 60, "the job to finish")
+    v = stalled(tl.events, 75, 60, "the job to finish")
     assert v.message.startswith("training stalled: no rank reported for 75 s")
     assert "rank 0 at step 14, rank 1 at step 4" in v.message
     assert did_not_resume("Ray to mark node n1 DEAD", "60 s").diagnosis == "did not resume"
