@@ -57,10 +57,22 @@ def _containing(*phrases: str) -> str:
 # match failed and broken tests alike (a fault that could not be injected usually
 # surfaces as an exception); whatever is broken and undiagnosed is a harness error.
 DIAGNOSES: dict[str, tuple[str, ...]] = {
-    "did not resume": ("restarted from scratch", "did not resume"),
+    "restarted from scratch": ("restarted from scratch",),
     "resumed from an older checkpoint": ("resumed from an older checkpoint",),
+    "resumed past the checkpoint (skipped data)": ("resumed past the checkpoint",),
+    "resumed at an unexpected step": ("resumed at an unexpected step",),
+    "ranks disagree": ("ranks disagree",),
+    "state not restored": ("state not restored",),
+    "training stalled": ("training stalled",),
+    "did not resume": ("did not resume",),
+    "unrelated failure": ("unrelated failure",),
     "retry budget exhausted": ("retry budget exhausted",),
+    "wrong budget charge": ("charged to the wrong budget class", "unexpected number of charged failures",
+                            "budget not exhausted"),
     "recovery too slow": ("recovery too slow",),
+    "run failed": ("run failed", "run did not finish", "run did not fail cleanly"),
+    "unverifiable (missing evidence)": ("unverifiable: ", "inconclusive: "),
+    "workload did not start": ("the workload did not start training",),
     "injection failed": ("injection failed",),
     "cleanup failed": ("cleanup failed",),
 }

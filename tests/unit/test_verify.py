@@ -396,3 +396,54 @@ def test_stalled_and_did_not_resume_messages():
     assert v.message.startswith("training stalled: no rank reported for 75 s")
     assert "rank 0 at step 14, rank 1 at step 4" in v.message
     assert did_not_resume("Ray to mark node n1 DEAD", "60 s").diagnosis == "did not resume"
+
+
+# -- progress: the stall watch ------------------------------------------------------------
+def _running(quiet_s, every=1.0, state="RUNNING"):
+    """A run that reported every ``every`` s and then went quiet for ``quiet_s`` s."""
+    import time as _time
+
+    from chaos.timeline import Event
+
+    now = _time.time()
+    t0 = now - quiet_s - 10 * every
+    events = [Event(t0 - 1, "recorder", "state_changed", {"cur": "RUNNING"})]
+    events += [Event(t0 + i * every, "recorder", "report", {"attempt": 0, "steps": {"0": i + 1, "1": i + 1}})
+               for i in range(10)]
+    if state != "RUNNING":
+        events.append(Event(now - quiet_s, "recorder", "state_changed", {"cur": state}))
+    return events
+
+
+def test_stall_watch_fires_past_the_derived_limit_with_every_rank_step():
+    from chaos.progress import Finding, StallWatch
+
+    watch = StallWatch(floor_s=5)
+    watch.waiting_for = "the run to end"
+    assert watch.limit(_running(0, every=1.0)) == 10.0  # 10x the report interval
+    watch(_running(3))  # quiet for less than the limit: nothing
+    with pytest.raises(Finding) as err:
+        watch(_running(12))
+    v = err.value.verdict
+    assert v.diagnosis == "training stalled" and "while waiting for the run to end" in v.message
+    assert "rank 0 at step 10, rank 1 at step 10" in v.message
+    assert isinstance(err.value, AssertionError)  # a failed test, not a broken harness
+
+
+def test_stall_limit_has_a_floor_and_an_override():
+    from chaos.progress import STALL_FLOOR_S, StallWatch
+
+    assert StallWatch().limit(_running(0, every=0.3)) == STALL_FLOOR_S
+    assert StallWatch(limit_s=7).limit(_running(0, every=30)) == 7
+
+
+def test_a_restart_that_never_reports_is_did_not_resume():
+    from chaos.progress import Finding, StallWatch
+
+    watch = StallWatch(recover_limit_s=5)
+    watch(_running(3, state="RESTARTING"))
+    with pytest.raises(Finding) as err:
+        watch(_running(8, state="RESTARTING"))
+    assert err.value.verdict.diagnosis == "did not resume"
+    assert "RESTARTING for 8 s" in err.value.verdict.message
+    StallWatch(limit_s=1)(_running(100, state="FINISHED"))  # a finished run is not stalled
