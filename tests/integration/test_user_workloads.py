@@ -5,6 +5,7 @@ Each case runs a real chaos suite in a separate pytest session on its own embedd
 cluster, exactly as a user would.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,14 @@ def test_default_failure_config_fails_with_budget_exhausted(tmp_path):
 
 
 @pytest.mark.integration
-def test_no_step_metric_is_reported_unverifiable(tmp_path):
-    code, out = run_suite(tmp_path, "--metric iteration")
-    assert "unverifiable: no step metric 'step'" in out, out[-4000:]
+def test_unknown_step_metric_is_unverifiable_until_named(tmp_path):
+    """A step counter under a name ``auto`` does not know: unverifiable, which fails the test
+    by default; named with --chaos-step-metric, the restart is judged."""
+    code, out = run_suite(tmp_path, "--metric samples_seen")
+    assert "unverifiable: no step metric 'step', 'global_step'" in out, out[-4000:]
+    assert code == 1, out[-4000:]
+    code, out = run_suite(tmp_path, "--metric samples_seen", "--chaos-step-metric", "samples_seen")
+    assert "right after the latest checkpoint (step 10)" in out, out[-4000:]
     assert code == 0, out[-4000:]
 
 
@@ -84,9 +90,32 @@ def test_workload_that_fails_before_training_is_a_clear_error(tmp_path):
     (["--chaos-workload-dir", "/nonexistent/dir"], "--chaos-workload-dir /nonexistent/dir: not a directory"),
     (["--chaos-workload", "HF_TOKEN=hf_abc python train.py"], "--chaos-workload contains HF_TOKEN=…"),
     (["--chaos-workload", "python train.py --api-key abc"], "--chaos-workload contains --api-key …"),
+    (["--chaos-unverifiable", "ignore"], "invalid choice: 'ignore'"),
+    (["--chaos-stall-limit", "0"], "--chaos-stall-limit=0.0: must be >= 1"),
+    (["--chaos-step-metric", " , "], "--chaos-step-metric is empty"),
 ])
 def test_bad_option_values_are_clear_usage_errors(args, message):
     p = subprocess.run([sys.executable, "-m", "pytest", "-m", "chaos", "suites", "-p", "no:cacheprovider", *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 4, p.stdout + p.stderr
     assert message in p.stdout + p.stderr
+
+
+@pytest.mark.integration
+def test_readme_command_with_plain_python_and_no_venv_on_path(tmp_path):
+    """The README's literal `--chaos-workload "python my_train.py"`, run from a shell whose
+    PATH lacks the venv (`make chaos ARGS=...` on a fresh clone): the job's `python` must be
+    the cluster's own interpreter, the one with Ray, not whatever the shell has first."""
+    venv_bin = Path(sys.executable).parent  # not resolved: the venv's python links out of it
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and Path(d).resolve() != venv_bin.resolve())
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": path}
+    workload = f"python user_train.py --storage {tmp_path / 'storage'}"
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q",
+                          "-s", "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
+                          "--chaos-reports", str(tmp_path / "reports")],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = p.communicate(timeout=900)
+    assert_nothing_left(p.pid)
+    assert "No module named 'ray'" not in out, out[-4000:]
+    assert p.returncode == 0, out[-4000:]
