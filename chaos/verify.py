@@ -364,7 +364,7 @@ def attribute(timeline: Timeline) -> Attribution:
         if j in claimed:
             continue
         after_fault = any(f.t - timeline.clock_uncertainty <= d.t for f in faults)
-        if after_fault and any(name in (d.data.get("error") or "") for name in CAPACITY_ERRORS):
+        if after_fault and set(d.data.get("error_types") or ()) & set(CAPACITY_ERRORS):
             consequential.append(d)
         else:
             unrelated.append(d)
@@ -387,10 +387,11 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                 "decisions": [{k: e.data.get(k) for k in ("run_id", "attempt", "decision", "budget_class", "count",
                                                           "limit")} | {"t": e.t} for e in decisions],
                 "attributed": {k: [d.t for d in v] for k, v in att.by_fault.items()},
-                "capacity_waits": [{"budget_class": d.data.get("budget_class"), "error": _first_line(d.data.get("error"))}
-                                   for d in att.consequential],
+                "capacity_waits": [{"budget_class": d.data.get("budget_class"), "error_types": d.data.get("error_types"),
+                                    "error": _first_line(d.data.get("error"))} for d in att.consequential],
                 "unrelated": [{"attempt": d.attempt, "budget_class": d.data.get("budget_class"),
-                               "error": _first_line(d.data.get("error"))} for d in att.unrelated]}
+                               "error_types": d.data.get("error_types"), "error": _first_line(d.data.get("error"))}
+                              for d in att.unrelated]}
     if decisions and any(not e.data.get("budget_class") for e in decisions):
         return Verdict("within-budget", "unverifiable", "unverifiable: a failure decision came without Ray's "
                        "[FailurePolicy] accounting", "unverifiable: no failure-policy record", evidence)

@@ -71,7 +71,18 @@ class _PolicyLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         parsed = parse_failure_policy_line(record.getMessage())
         if parsed:
+            parsed["error_types"] = error_types(record.exc_info[1] if record.exc_info else None)
             self._recorder._pending_decision = parsed
+
+
+def error_types(error: BaseException | None) -> list[str]:
+    """The failure's class and its causes' classes (a ControllerError's controller failure, a
+    WorkerGroupError's per-rank errors): what attributes a decision to a fault."""
+    if error is None:
+        return []
+    causes = [getattr(error, "controller_failure", None),
+              *(getattr(error, "worker_failures", None) or {}).values()]
+    return [type(error).__name__, *sorted({type(c).__name__ for c in causes if c is not None})]
 
 
 def _scalar_metrics(metrics: dict) -> dict:
@@ -176,7 +187,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         parsed, self._pending_decision = self._pending_decision, None
         data = {"attempt": self._attempt, "decision": failure_decision.value}
         if parsed:
-            data.update({k: parsed[k] for k in ("budget_class", "count", "limit", "line", "error")})
+            data.update({k: parsed[k] for k in ("budget_class", "count", "limit", "line", "error", "error_types")})
         self._emit("failure_decision", **data)
 
     def after_controller_finish(self, result) -> None:

@@ -105,3 +105,33 @@ def test_raylet_shutdown_grpc_stub_is_still_there():
     assert hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
     assert "graceful" in node_manager_pb2.ShutdownRayletRequest.DESCRIPTOR.fields_by_name
     assert "ShutdownRaylet" in node_manager_pb2.DESCRIPTOR.services_by_name["NodeManagerService"].methods_by_name
+
+
+def test_failure_policy_record_carries_the_error_and_its_causes():
+    """The recorder attributes decisions to faults by the failure's classes, taken from the
+    exc_info of Ray's [FailurePolicy] record (ControllerError.controller_failure,
+    WorkerGroupError.worker_failures)."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(recorder.FAILURE_POLICY_LOGGER)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        DefaultFailurePolicy(FailureConfig()).make_decision(ControllerError(WorkerGroupStartupTimeoutError(2)))
+        DefaultFailurePolicy(FailureConfig()).make_decision(
+            WorkerGroupError("boom", worker_failures={1: RuntimeError("CUDA error")}))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    assert [recorder.error_types(r.exc_info[1]) for r in records] == [
+        ["ControllerError", "WorkerGroupStartupTimeoutError"], ["WorkerGroupError", "RuntimeError"]]
+
+
+def test_train_run_context_has_a_run_id_and_reports_have_per_worker_metrics():
+    assert "run_id" in {f.name for f in dataclasses.fields(TrainRunContext)}
+    params = inspect.signature(cb.ReportCallback.after_report).parameters
+    assert list(params) == ["self", "training_report", "metrics"]

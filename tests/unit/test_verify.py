@@ -279,7 +279,8 @@ def test_two_fits_in_one_driver_are_judged_per_run():
 
 def test_an_attempt_that_never_reported_is_skipped_for_the_one_that_did():
     s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
-         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .decision("RETRY", "controller", limit=None, error="The worker group startup timed out after 8.0 seconds",
+                   error_types=("ControllerError", "WorkerGroupStartupTimeoutError"))
          .start_attempt().steps(11, 20).finish())
     [v] = resumed_from_latest(s.timeline())
     assert v.name.endswith("attempt 2)") and v.status == "pass"
@@ -325,7 +326,8 @@ def test_unrelated_failure_is_its_own_finding():
 
 def test_capacity_waits_after_a_fault_are_its_consequence():
     s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
-         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .decision("RETRY", "controller", limit=None, error="The worker group startup timed out after 8.0 seconds",
+                   error_types=("ControllerError", "WorkerGroupStartupTimeoutError"))
          .start_attempt().steps(11, 20).finish())
     v = within_budget(s.timeline(), EXPECT_ONE)
     assert v.status == "pass", v.line()
@@ -346,7 +348,8 @@ def test_exhaustion_count_must_be_limit_plus_one():
 # -- recovery time ------------------------------------------------------------------------
 def test_recovery_counts_the_attempt_that_recovered():
     s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
-         .decision("RETRY", "controller", limit=None, error="WorkerGroupStartupTimeoutError: timed out")
+         .decision("RETRY", "controller", limit=None, error="The worker group startup timed out after 8.0 seconds",
+                   error_types=("ControllerError", "WorkerGroupStartupTimeoutError"))
          .start_attempt().steps(11, 20).finish())
     [v] = recovery_time(s.timeline(), EXPECT_ONE)
     assert v.status == "pass" and v.evidence["recovered_attempt"] == 2

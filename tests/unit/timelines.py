@@ -70,11 +70,12 @@ class Script:
         self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": ledger_id, "by": "node_dead"}))
         return self
 
-    def decision(self, decision="RETRY", budget_class="worker_group", limit=3, error="WorkerGroupError: rank 1 died"):
+    def decision(self, decision="RETRY", budget_class="worker_group", limit=3, error="rank 1 died",
+                 error_types=("WorkerGroupError", "ActorDiedError")):
         self.failures[budget_class] = self.failures.get(budget_class, 0) + 1
         self.events.append(self._e("recorder", "failure_decision", attempt=self.attempt, decision=decision,
                                    budget_class=budget_class, count=self.failures[budget_class], limit=limit,
-                                   line=f"[FailurePolicy] {decision}", error=error))
+                                   line=f"[FailurePolicy] {decision}", error=error, error_types=list(error_types)))
         return self
 
     def finish(self, state="FINISHED", job="SUCCEEDED"):
