@@ -359,7 +359,8 @@ class WorkloadSettings(_Model):
     entrypoint: str | None = None
     working_dir: str | None = None
     runtime_env: dict[str, Any] = Field(default_factory=dict)
-    step_metric: str = "step"
+    step_metric: str = "auto"  # or comma-separated names, tried in order (chaos.train.recorder)
+    state_metric: str | None = None  # a value a correct restore reproduces at a re-done step
 
     @field_validator("entrypoint")
     @classmethod
@@ -386,7 +387,8 @@ class WorkloadSettings(_Model):
                              "entrypoint: \"python train.py ...\" (your own script)"
                              + ("; both are set" if self.reference is not None else "; neither is set"))
         if self.reference is not None:
-            extra = [k for k, unset in (("working_dir", None), ("runtime_env", {}), ("step_metric", "step"))
+            extra = [k for k, unset in (("working_dir", None), ("runtime_env", {}), ("step_metric", "auto"),
+                                                 ("state_metric", None))
                      if getattr(self, k) != unset]
             if extra:
                 raise ValueError(f"{', '.join(extra)} only apply to an entrypoint workload, not to reference")
