@@ -21,16 +21,19 @@ def _ledger(args) -> int:
 
 
 def _sweep(args) -> int:
+    from chaos import backends
     from chaos.ledger import sweep
-    from chaos.transport.local import LocalTransport
 
-    transport_for = lambda ip: LocalTransport(ip)  # noqa: E731
     if args.profile:
-        from chaos.environments import profile_transports
         from chaos.profile import load_profile
 
-        transport_for = profile_transports(load_profile(args.profile))
-    left = sweep(Ledger(Path(args.ledger)), transport_for)
+        backend = backends.for_profile(load_profile(args.profile))
+    else:
+        backend = backends.EmbeddedBackend()  # an embedded cluster's hosts are this machine
+    try:
+        left = sweep(Ledger(Path(args.ledger)), backend)
+    finally:
+        backend.close_hosts()
     print(f"sweep: {len(left)} fault(s) could not be reverted" if left else "sweep: nothing left armed")
     return 1 if left else 0
 

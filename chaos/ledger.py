@@ -65,30 +65,22 @@ class Ledger:
         return [r for r in out if not session_only or r.get("session") == self.session]
 
 
-def sweep(ledger: Ledger, transport_for, say=print) -> list[dict]:
+def sweep(ledger: Ledger, backend, say=print) -> list[dict]:
     """Revert every fault a killed session left armed; returns what could not be reverted.
 
-    Each entry's ``revert`` plan (written before its injection) says what to do:
-    ``heal-partition`` (remove the rules from the host's network namespace),
-    ``disarm-cuda-shim`` (disarm the control file on the host), ``none`` (nothing armed).
+    Each entry's fault kind reverts it from the ``revert`` plan written before its
+    injection (``Fault.sweep``), reaching hosts through ``backend`` (a chaos.backends.Backend).
     """
-    from chaos.shim.control import control_command
+    from chaos.faults import catalog
 
     left = []
     for entry in ledger.open_entries():
         plan = entry.get("revert") or {}
-        action = plan.get("action", "none")
         try:
-            if action == "heal-partition":
-                from chaos.embedded import netns
-
-                netns.heal(plan["netns"])
-                if netns.netns_exists(plan["netns"]) and netns.is_partitioned(plan["netns"]):
-                    raise RuntimeError(f"rules still present in netns {plan['netns']}")
-            elif action == "disarm-cuda-shim":
-                transport_for(plan["host"]).run(control_command(plan["control"], None), timeout=60).check()
-            ledger.mark(entry["id"], "reverted" if action != "none" else "nothing-to-revert", by="sweep")
-            say(f"swept {entry['fault']} ({entry['id']}) on {entry.get('target', {}).get('node_ip')}: {action}")
+            did = catalog.kind(entry["fault"]).fault_class().sweep(plan, backend)
+            ledger.mark(entry["id"], "reverted" if did else "nothing-to-revert", by="sweep")
+            say(f"swept {entry['fault']} ({entry['id']}) on {entry.get('target', {}).get('node_ip')}: "
+                f"{plan.get('action', 'none')}")
         except Exception as e:  # keep going: one stuck entry must not block the others
             ledger.mark(entry["id"], "failed", by="sweep", error=str(e))
             left.append(entry | {"error": str(e)})

@@ -26,17 +26,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from chaos.errors import ChaosError
+from chaos.faults.catalog import BUDGET_LIMIT_FIELDS
 from chaos.timeline import Timeline, ettr, median, recovery_metrics
 
 DEFAULT_RECORDS = Path("reports/summary.d")
 DEFAULT_SUMMARY = Path("reports/summary.json")
 
-# Which FailureConfig field limits each budget class the recorder reports.
-BUDGET_LIMIT_FIELDS = {
-    "worker_group": "max_failures",
-    "preemption": "max_preemption_failures",
-    "controller": "controller_failure_limit",
-}
 MEDIAN_METRICS = ("time_to_detect", "time_to_recover", "steps_lost", "ettr")
 
 

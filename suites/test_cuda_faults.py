@@ -29,7 +29,6 @@ def run_with(chaos, fault):
     return chaos.run(
         chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
         faults=[(AfterCheckpoint(2), fault)],
-        expect=chaos.expect(charged={"worker_group": 1}, fault_kind="cuda"),
     )
 
 

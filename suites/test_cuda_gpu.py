@@ -28,7 +28,6 @@ def test_ecc_on_a_real_gpu_restarts_and_resumes(chaos):
     outcome = chaos.run(
         chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5, device="cuda"),
         faults=[(AfterCheckpoint(2), fault)],
-        expect=chaos.expect(charged={"worker_group": 1}, fault_kind="cuda"),
     )
     outcome.assert_verdicts()
     [inj] = outcome.timeline.of("cuda_injection")

@@ -1,7 +1,8 @@
 """Raylet kills: the node's Ray runtime dies; Train must restart and resume.
 
-Each test states the expected budget charge; the verdicts check resume-from-latest,
-the budget (count and class), recovery time against the SLO, the run's end and healing.
+The expected charge (one worker-group failure per kill) and the SLOs follow from the
+faults and the profile; the verdicts check resume-from-latest, the budget (count and
+class), recovery time against the SLO, the run's end and healing.
 """
 
 import pytest
@@ -16,7 +17,6 @@ def test_raylet_kill_with_spare_capacity(chaos):
     outcome = chaos.run(
         chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
-        expect=chaos.expect(charged={"worker_group": 1}),
     )
     outcome.assert_verdicts()
 
@@ -29,13 +29,12 @@ def test_raylet_kill_without_spare_capacity(chaos):
     outcome = chaos.run(
         chaos.workload(num_workers=workers, max_failures=3, steps=30, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
-        expect=chaos.expect(charged={"worker_group": 1}),
     )
     outcome.assert_verdicts()
-    target = outcome.targets[0]
-    back = [n for n in chaos.env.cluster.nodes() if n.ip == target.node_ip and n.alive]
-    assert back and back[0].node_id != target.node_id, (
-        f"{target.node_ip} should have rejoined with a new node id; alive there: {back}")
+    [killed] = outcome.injections
+    back = [n for n in chaos.env.cluster.nodes() if n.alive and chaos.env.backend.same_host(killed.host, n)]
+    assert back and back[0].node_id != killed.target.node_id, (
+        f"{killed.target.describe()} should have rejoined with a new node id; alive there: {back}")
 
 
 def test_two_raylet_kills_in_one_run(chaos):
@@ -44,7 +43,6 @@ def test_two_raylet_kills_in_one_run(chaos):
         chaos.workload(num_workers=2, max_failures=3, steps=40, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1)),
                 (AfterCheckpoint(4), chaos.raylet_kill(rank=0))],
-        expect=chaos.expect(charged={"worker_group": 2}),
     )
     outcome.assert_verdicts()
 
@@ -54,9 +52,38 @@ def test_budget_exhaustion_ends_in_clean_failure(chaos):
     outcome = chaos.run(
         chaos.workload(num_workers=2, max_failures=0, steps=30, checkpoint_every=5),
         faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))],
-        expect=chaos.expect(charged={"worker_group": 1}, budget_exhausted=True),
+        expect=chaos.expect(budget_exhausted=True),
     )
     outcome.assert_verdicts()
     budget = outcome.verdict("within-budget")
     assert budget.status == "expected", budget.message
     assert "retry budget exhausted: 1 failure charged to max_failures=0" in budget.message
+
+
+@pytest.fixture
+def slow_node_recovery(chaos):
+    """The embedded cluster brings a dead node back only after 20 s (restored after the test)."""
+    cluster = chaos.embedded
+    if cluster is None or not cluster.config.node_recovery:
+        pytest.skip("needs the embedded cluster with automatic node recovery")
+    before, cluster.config.recovery_delay_s = cluster.config.recovery_delay_s, 20.0
+    yield cluster.config.recovery_delay_s
+    cluster.config.recovery_delay_s = before
+
+
+def test_replacement_slower_than_the_worker_group_start_timeout(chaos, slow_node_recovery):
+    """No spare capacity and the node comes back after the worker group's start timeout (8 s
+    here, 60 s by default): measured on Ray 2.60, each timed-out start is a ControllerError
+    (WorkerGroupStartupTimeoutError) charged to controller_failure_limit (unlimited by
+    default) and retried; the kill itself is the one charge to max_failures.  The verdict
+    attributes those restarts to the fault that took the capacity, not to the run."""
+    workers = len(chaos.env.cluster.alive_workers())
+    spec = chaos.workload(num_workers=workers, max_failures=3, steps=30, checkpoint_every=5)
+    spec.env_vars["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "8"
+    outcome = chaos.run(spec, faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    outcome.assert_verdicts()
+    waits = outcome.verdict("within-budget").evidence["capacity_waits"]
+    assert waits and {w["budget_class"] for w in waits} == {"controller"}, waits
+    assert all("WorkerGroupStartupTimeoutError" in w["error_types"] for w in waits), waits
+    recovery = outcome.verdict("recovery-time").evidence
+    assert recovery["recovered_attempt"] == 1 + len(waits), recovery

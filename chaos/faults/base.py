@@ -1,15 +1,23 @@
-"""What every fault has: a target resolved from live placement, inject, revert, budget."""
+"""What every fault has: a target resolved from live placement, inject, detect, revert,
+sweep, and the budget its kind should be charged to (from the catalog).
+
+A Fault object is configuration only.  Everything one injection produces (the host it
+hit, its ledger entry, boot ids, the armed plan) lives in the `Injection` the experiment
+keeps, so the same fault object can be injected twice.
+"""
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from chaos.errors import InjectionError
-from chaos.timeline import Timeline
+from chaos.faults import catalog
+from chaos.timeline import Event, Timeline
 
 if TYPE_CHECKING:
+    from chaos.backends.base import Backend, Host
     from chaos.cluster import ClusterView
 
 
@@ -19,7 +27,7 @@ class Target:
     node_ip: str
     rank: int | None = None
     pid: int | None = None
-    host: str | None = None
+    host: str | None = None  # the host's name, for reports
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -30,56 +38,84 @@ class Target:
 
 
 @dataclasses.dataclass
+class Injection:
+    """One injection of one fault, from its ledger entry to its revert."""
+
+    fault: "Fault"
+    target: Target
+    host: "Host"  # the backend's handle for the target node's host
+    ledger_id: str | None = None
+    slot: int | None = None  # its live-fault slot
+    t: float | None = None  # when it was injected (the fault_injected event)
+    evidence: dict = dataclasses.field(default_factory=dict)  # for the report: boot ids, node ids, the plan
+
+
+@dataclasses.dataclass
 class FaultContext:
-    """What a fault may use: the cluster view, the run's timeline and a transport per host."""
+    """What a fault may use: the cluster view, the run's timeline and the backend's hosts."""
 
     cluster: "ClusterView"
     timeline: Timeline
-    transport_for: "callable"  # node_ip -> Transport
-    host_name_for: "callable" = lambda ip: None  # node_ip -> host name (reports)
-    console_for: "callable" = lambda ip: None  # node_ip -> out-of-band host console (embedded test hosts)
-    fresh_transport_for: "callable" = None  # node_ip -> a new, unshared Transport (for reconnect loops)
-    python: str = "python3"  # interpreter on the hosts, for small helper scripts
-    allow_head: bool = False
-
-    def __post_init__(self):
-        if self.fresh_transport_for is None:
-            self.fresh_transport_for = self.transport_for
+    backend: "Backend"
 
 
 class Fault(abc.ABC):
-    kind: str = ""
-    #: the Train budget this fault should be charged to (None: no charge expected)
-    budget_class: str | None = "worker_group"
+    kind: ClassVar[str] = ""
+    #: the Train budget this kind should be charged to (None: no charge expected); set
+    #: from the catalog, never by the fault class itself
+    budget_class: ClassVar[str | None]
     #: whether the fault takes the node down (so detection means "node DEAD")
-    kills_node: bool = True
+    kills_node: ClassVar[bool] = True
     #: whether the fault is disarmed as soon as it is detected (it would hit every new attempt otherwise)
-    one_shot: bool = False
+    one_shot: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.budget_class = catalog.kind(cls.kind).budget_class
 
     @abc.abstractmethod
     def resolve(self, ctx: FaultContext) -> Target: ...
 
     @abc.abstractmethod
-    def inject(self, ctx: FaultContext, target: Target) -> dict:
-        """Inject; return details for the timeline.  Raise InjectionError on failure."""
+    def inject(self, ctx: FaultContext, inj: Injection) -> dict:
+        """Inject; return details for the ledger.  Raise InjectionError on failure."""
 
     def run_env(self) -> dict[str, str]:
         """Environment the run must be started with for this fault to be injectable."""
         return {}
 
-    def detected(self, events, target: Target, fault_t: float):
-        """The event that shows Ray noticed the fault (default: the node marked DEAD)."""
-        return next((e for e in events if e.kind == "node_dead" and e.data.get("node_id") == target.node_id), None)
+    def detected(self, events: list[Event], target: Target, fault_t: float) -> Event | None:
+        """The event that shows Ray noticed the fault: the node marked DEAD, or for a fault
+        that leaves the node up, Train seeing a rank fail.
 
-    def after_detect(self, ctx: FaultContext, target: Target) -> None:
+        The one definition of detection: the experiment waits on it and records the event
+        it returns as ``fault_detected``, which the metrics read."""
+        if self.kills_node:
+            return next((e for e in events if e.kind == "node_dead" and e.data.get("node_id") == target.node_id),
+                        None)
+        return next((e for e in events if e.t >= fault_t and e.kind in ("worker_error", "failure_decision")), None)
+
+    def detect_timeout(self, base_s: float) -> float:
+        """How long detection may take, given the harness's own deadline ``base_s``."""
+        return base_s
+
+    def after_detect(self, ctx: FaultContext, inj: Injection) -> None:
         """Fault-specific waits after detection (e.g. a rebooted host answering again)."""
 
-    def revert_plan(self, target: Target) -> dict:
-        """How to undo this fault, written to the ledger before injecting."""
+    def revert_plan(self, inj: Injection) -> dict:
+        """How to undo this fault, written to the ledger before injecting; `sweep` reads it."""
         return {"action": "none", "why": f"{self.kind} leaves nothing armed; node recovery replaces the node"}
 
-    def revert(self, ctx: FaultContext, target: Target) -> bool:
+    def revert(self, ctx: FaultContext, inj: Injection) -> bool:
         """Undo what is still armed; return whether anything needed reverting."""
+        return False
+
+    @classmethod
+    def sweep(cls, plan: dict, backend: "Backend") -> bool:
+        """Revert, from its ledger plan, what a killed session left armed; return whether
+        anything needed reverting.  Faults that arm something override this."""
+        if plan.get("action", "none") != "none":
+            raise InjectionError(f"{cls.kind}: no sweep for revert action {plan.get('action')!r}")
         return False
 
     def describe(self) -> str:
@@ -87,7 +123,8 @@ class Fault(abc.ABC):
 
 
 def placement_target(ctx: FaultContext, rank: int) -> Target:
-    """The node hosting ``rank`` in the latest attempt — never the head unless allowed."""
+    """The node hosting ``rank`` in the latest attempt (safety checks come after, in the
+    experiment: the head and nodes off the allowlist are refused there)."""
     attempts = ctx.timeline.attempts()
     if not attempts:
         raise InjectionError("cannot resolve a target: no attempt has started yet (no placement seen)")
@@ -99,9 +136,5 @@ def placement_target(ctx: FaultContext, rank: int) -> Target:
             f"(ranks {sorted(placement)})"
         )
     p = placement[rank]
-    head_ids = {n.node_id for n in ctx.cluster.nodes() if n.is_head}
-    if p["node_id"] in head_ids and not ctx.allow_head:
-        raise InjectionError(f"rank {rank} runs on the head node {p['node_id'][:8]}; the head is never targeted "
-                             "unless the profile says allow_head: true")
     return Target(node_id=p["node_id"], node_ip=p["node_ip"], rank=rank, pid=p.get("pid"),
-                  host=ctx.host_name_for(p["node_ip"]))
+                  host=ctx.backend.host(p["node_id"]).name)

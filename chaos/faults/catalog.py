@@ -34,10 +34,6 @@ class FaultKind:
     # no fault module injects it yet.
     impl: str | None = None
 
-    @property
-    def built(self) -> bool:
-        return self.impl is not None
-
     def limit_field(self) -> str | None:
         return BUDGET_LIMIT_FIELDS.get(self.budget_class) if self.budget_class else None
 

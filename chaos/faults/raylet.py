@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
 from chaos.transport import ray as ray_transport
 
 # Finds the raylet by its exact node id (never by name) and SIGKILLs that one PID.
@@ -21,7 +21,6 @@ echo "no raylet with --node_id=$id on $(hostname)" >&2; exit 3
 
 class RayletKill(Fault):
     kind = "raylet-kill"
-    budget_class = "worker_group"
     METHODS = ("grpc", "sigkill")
 
     def __init__(self, rank: int = 1, method: str = "grpc"):
@@ -37,12 +36,13 @@ class RayletKill(Fault):
     def resolve(self, ctx: FaultContext) -> Target:
         return placement_target(ctx, self.rank)
 
-    def inject(self, ctx: FaultContext, target: Target) -> dict:
+    def inject(self, ctx: FaultContext, inj: Injection) -> dict:
+        target = inj.target
         if self.method == "grpc":
             address, port = ctx.cluster.raylet_endpoint(target.node_id)
             ray_transport.shutdown_raylet(address, port, graceful=False)
             return {"method": "grpc", "raylet": f"{address}:{port}"}
-        transport = ctx.transport_for(target.node_ip)
+        transport = inj.host.transport
         result = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(target.node_id)), timeout=20)
         if not result.ok:
             raise InjectionError(f"SIGKILL of the raylet of node {target.node_id[:8]} on {transport.host} failed: "

@@ -7,12 +7,11 @@ host's PID namespace too), so the kill runs through that host's transport.
 from __future__ import annotations
 
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
 
 
 class TrainWorkerKill(Fault):
     kind = "worker-kill"
-    budget_class = "worker_group"
     kills_node = False
 
     def __init__(self, rank: int = 1):
@@ -27,13 +26,10 @@ class TrainWorkerKill(Fault):
             raise InjectionError(f"rank {self.rank}'s placement carries no PID")
         return target
 
-    def inject(self, ctx: FaultContext, target: Target) -> dict:
-        transport = ctx.transport_for(target.node_ip)
+    def inject(self, ctx: FaultContext, inj: Injection) -> dict:
+        target, transport = inj.target, inj.host.transport
         result = transport.run(f"kill -9 {int(target.pid)} && echo killed", timeout=20)
         if not result.ok:
             raise InjectionError(f"SIGKILL of pid {target.pid} (rank {self.rank}) on {transport.host} failed: "
                                  f"exit {result.exit_code}: {result.stderr.strip()}")
         return {"pid": target.pid, "via": type(transport).__name__}
-
-    def detected(self, events, target: Target, fault_t: float):
-        return next((e for e in events if e.t >= fault_t and e.kind in ("worker_error", "failure_decision")), None)

@@ -88,8 +88,9 @@ def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
     _, profile = standin
     holder = subprocess.Popen(
         [sys.executable, "-c", (
-            "import sys, ray; from chaos.environments import ClusterLock, _connect; from chaos.profile import load_profile\n"
-            f"p = load_profile({str(profile)!r}); _connect(p.ray.gcs_address, p.ray.driver_ip)\n"
+            "import sys, ray; from chaos.backends.base import connect; from chaos.backends.lock import ClusterLock\n"
+            "from chaos.profile import load_profile\n"
+            f"p = load_profile({str(profile)!r}); connect(p.ray.gcs_address, p.ray.driver_ip)\n"
             "head = next(n['NodeID'] for n in ray.nodes() if n['Alive'] and 'node:__internal_head__' in n['Resources'])\n"
             "lock = ClusterLock(); lock.acquire(head); print('LOCKED', flush=True); sys.stdin.read()")],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

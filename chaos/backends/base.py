@@ -1,0 +1,237 @@
+"""The one interface between the harness and whatever runs a cluster (DESIGN §3, §9).
+
+A backend supplies facts: the cluster view, which host a Ray node runs on (a `Host`
+handle, looked up by node id: recreated pods and replaced machines get new addresses),
+node facts for the safety rules, health, and how to reach a host again from a ledger
+entry.  The safety rules themselves run here, in the base class, and fail closed: the
+settings refuse every node unless a profile (or the backend, explicitly) allows it, an
+unknown node is refused, the head is refused unless allowed, and a subclass may not
+replace the target check or the session (lock, health guard).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
+
+import ray
+
+import chaos
+from chaos.backends.lock import NAMESPACE, ClusterLock
+from chaos.cluster import ClusterView, Node
+from chaos.errors import ClusterError
+from chaos.profile import SafetySettings
+from chaos.report import Reporter
+from chaos.safety import HealthGuard, LiveFaults, NodeInfo, Safety, TargetRefused
+from chaos.transport.base import Transport
+
+if TYPE_CHECKING:
+    from chaos.embedded.netns import Console
+    from chaos.faults.base import Target
+    from chaos.profile import Profile
+
+log = logging.getLogger(__name__)
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+# What a backend may not override: the target check and the session that holds the lock
+# and runs the health guard.
+_SHARED = ("check_target", "session")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """The machine (or pod) a Ray node runs on, as its backend reaches it."""
+
+    key: str  # the backend's name for it, stable across the nodes it runs (recorded in the ledger)
+    name: str | None  # for reports
+    transport: Transport  # shared by everything that reaches this host in one session
+    console: "Console | None" = None  # out-of-band access that survives a partition
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the platform's own labels for it
+
+
+def connect(gcs_address: str, driver_ip: str | None) -> None:
+    """Connect this process to the cluster as the harness's driver."""
+    kwargs = {"_node_ip_address": driver_ip} if driver_ip else {}
+    ray.init(address=gcs_address, namespace=NAMESPACE, runtime_env={"py_modules": [os.path.dirname(chaos.__file__)]},
+             log_to_driver=False, logging_level=logging.WARNING, **kwargs)
+
+
+def ray_node_info(cluster: ClusterView, node_id: str) -> NodeInfo | None:
+    """What Ray's node table says about a node, for the safety rules (None: not in it)."""
+    node = cluster.node(node_id)
+    if node is None:
+        return None
+    return NodeInfo(node_id=node_id, ip=node.ip, hostname=cluster.hostname(node_id), labels=node.labels,
+                    is_head=node.is_head)
+
+
+class Backend(abc.ABC):
+    """A cluster and its hosts as one kind of platform runs them.  Subclasses implement the
+    abstract methods (facts); the rest — hosts by node id, target checks, the session — is
+    shared."""
+
+    #: the registry's name for it (chaos.backends.BACKENDS)
+    name: ClassVar[str] = ""
+    #: interpreter on the hosts, for small helper scripts
+    python: str = "python3"
+
+    def __init__(self, profile: "Profile | None" = None, safety: SafetySettings | None = None):
+        """``profile``: the cluster's profile, whose safety section applies; without one,
+        ``safety``; without that, the defaults, which refuse every node."""
+        self.profile = profile
+        self.settings = profile.safety if profile is not None else (safety or SafetySettings())
+        self.safety = Safety(self.settings)
+        self.live_faults = LiveFaults(self.settings.max_live_faults)
+        self.cluster: ClusterView | None = None
+        self.head_node_id: str | None = None
+        self.properties: dict = {}  # environment.properties for the report, set when opened
+        self.reporter = Reporter()
+        self._hosts: dict[str, Host] = {}
+        self._hosts_lock = threading.Lock()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        replaced = [m for m in _SHARED if m in cls.__dict__]
+        if replaced:
+            raise TypeError(f"{cls.__name__} overrides {', '.join(replaced)}: safety checks and the session are "
+                            "shared by every backend")
+
+    # -- what each backend supplies ------------------------------------------------
+    @classmethod
+    def serves(cls, profile: "Profile") -> bool:
+        """Whether this backend runs the cluster ``profile`` describes."""
+        return False
+
+    @property
+    @abc.abstractmethod
+    def label(self) -> str:
+        """The backend as reports and summary.json name it."""
+
+    @property
+    @abc.abstractmethod
+    def storage_path(self) -> str:
+        """Where runs keep checkpoints: seen alike by every node and this machine."""
+
+    @abc.abstractmethod
+    def _open(self) -> ClusterView:
+        """Start or reach the cluster and connect this driver to it."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Undo ``_open``, also after it failed half-way."""
+
+    @abc.abstractmethod
+    def node_info(self, node_id: str) -> NodeInfo | None:
+        """The node as the safety rules see it (None: not a node of this cluster)."""
+
+    @abc.abstractmethod
+    def host_key(self, node: Node) -> str:
+        """Which host ``node`` runs on, as a `Host.key`."""
+
+    @abc.abstractmethod
+    def connect(self, key: str) -> Transport:
+        """A new, unshared connection to the host ``key``."""
+
+    @abc.abstractmethod
+    def _reach(self, key: str, node: Node | None) -> Host:
+        """A handle for the host ``key`` (``node``: a node it runs, when one is known)."""
+
+    @abc.abstractmethod
+    def healthy_workers(self) -> tuple[bool, str]:
+        """(every worker host runs a live node, what was seen)."""
+
+    @abc.abstractmethod
+    def wait_healed(self, timeout: float) -> None:
+        """Wait until every worker host runs a live node again (raise WaitTimeout/ClusterError)."""
+
+    # -- hosts -------------------------------------------------------------------------
+    def host(self, node_id: str) -> Host:
+        """The host the Ray node ``node_id`` runs on."""
+        node = self.cluster.node(node_id)
+        if node is None:
+            raise ClusterError(f"node {node_id[:8]} is not in the node table at {self.cluster.dashboard_url}")
+        return self.reach(self.host_key(node), node)
+
+    def reach(self, key: str, node: Node | None = None) -> Host:
+        """The host ``key`` names, e.g. in a ledger entry after its nodes are gone.
+        One handle, and one shared connection, per host and session."""
+        with self._hosts_lock:
+            if key not in self._hosts:
+                self._hosts[key] = self._reach(key, node)
+            return self._hosts[key]
+
+    def close_hosts(self) -> None:
+        """Close every shared connection (the session does, and so does a sweep)."""
+        with self._hosts_lock:
+            for host in self._hosts.values():
+                host.transport.close()
+            self._hosts.clear()
+
+    def same_host(self, host: Host, node: Node) -> bool:
+        """Whether ``node`` runs on ``host`` (e.g. a rebooted host came back as a new node)."""
+        return self.host_key(node) == host.key
+
+    def boot_id(self, host: Host) -> str:
+        """The host's boot id, over a new connection (a reboot kills the shared one);
+        raises TransportError while the host does not answer."""
+        transport = self.connect(host.key)
+        try:
+            return transport.run(BOOT_ID, timeout=5).check().stdout.strip()
+        finally:
+            transport.close()
+
+    # -- safety: shared, fail closed -------------------------------------------------------
+    def check_target(self, target: "Target") -> None:
+        """Raise TargetRefused unless the safety settings allow a fault on the target's node."""
+        info = self.node_info(target.node_id)
+        if info is None:
+            raise TargetRefused(f"node {target.node_id[:8]} ({target.node_ip}) is not a node of this cluster: "
+                                "nothing is known about it, so it is not targeted", "node table")
+        self.safety.check_target(info)
+
+    @contextlib.contextmanager
+    def session(self, reporter: Reporter, lock: bool = True,
+                on_abort: Callable[[str], None] = lambda reason: None) -> Iterator["Backend"]:
+        """The cluster for one harness session: opened, locked against other sessions
+        (``lock``: unless a dry run) and watched by the health guard, which calls
+        ``on_abort`` when it fires; everything released on the way out."""
+        self.reporter = reporter
+        if self.profile is not None:
+            self.profile.ensure_not_protected()
+            for note in self.profile.notes():
+                reporter.say(f"profile note: {note}")
+        cluster_lock = ClusterLock()
+        stop = threading.Event()
+        try:
+            self.cluster = self._open()
+            head = next((n for n in self.cluster.nodes() if n.is_head), None)
+            if head is None:
+                raise ClusterError(f"no head node in the node table at {self.cluster.dashboard_url}")
+            self.head_node_id = head.node_id
+            if lock:
+                cluster_lock.acquire(head.node_id)
+            self._guard(stop, on_abort)
+            yield self
+        finally:
+            stop.set()
+            self.close_hosts()
+            cluster_lock.release()
+            self._close()
+
+    def _guard(self, stop: threading.Event, on_abort: Callable[[str], None]) -> None:
+        guard = HealthGuard.from_settings(self.settings, lambda: len(self.cluster.alive_workers()))
+
+        def watch():
+            while not stop.wait(1.0):
+                reason = guard.observe()
+                if reason:
+                    on_abort(f"stop condition: {reason}")
+                    return
+
+        threading.Thread(target=watch, name="health-guard", daemon=True).start()

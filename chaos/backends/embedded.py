@@ -1,0 +1,109 @@
+"""The embedded cluster (no profile): started for the session on this machine, stopped after.
+
+Its worker hosts keep their address for life, so a host's key is its address; test hosts
+are reached over SSH with the key and known_hosts file the cluster writes, and their
+network namespace is their console.  Plain hosts are processes on this machine.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import ray
+
+from chaos.backends.base import Backend, Host, connect, ray_node_info
+from chaos.cluster import ClusterView, Node
+from chaos.profile import SafetySettings
+from chaos.safety import NodeInfo
+from chaos.transport.base import Transport
+from chaos.transport.local import LocalTransport
+
+if TYPE_CHECKING:
+    from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig, WorkerHost
+
+
+class EmbeddedBackend(Backend):
+    name = "embedded"
+    python = sys.executable  # the hosts are this machine's namespaces or processes
+
+    def __init__(self, config: "EmbeddedConfig | None" = None, storage_path: str = "reports/storage"):
+        from chaos.embedded.cluster import EmbeddedConfig
+
+        self.config = config or EmbeddedConfig()
+        # The harness's own cluster: every worker may be hit, the head never.
+        super().__init__(safety=SafetySettings(allow_all_workers=True, max_live_faults=self.config.workers))
+        self._storage_path = storage_path
+        self.embedded: "EmbeddedCluster | None" = None  # while the session runs
+
+    @property
+    def label(self) -> str:
+        return f"embedded-{self.config.hosts}"
+
+    @property
+    def storage_path(self) -> str:
+        return self._storage_path
+
+    def _open(self) -> ClusterView:
+        from chaos.embedded.cluster import EmbeddedCluster
+
+        t0 = time.monotonic()
+        self.embedded = EmbeddedCluster(self.config).up()
+        connect(self.embedded.gcs_address, self.embedded.head_ip)
+        self.reporter.say(f"embedded cluster up in {time.monotonic() - t0:.1f} s: {self.embedded.dashboard_url}")
+        self.properties = _properties(self.embedded)
+        return ClusterView(self.embedded.dashboard_url, self.embedded.gcs_address, self.embedded.head_ip)
+
+    def _close(self) -> None:
+        ray.shutdown()
+        if self.embedded is not None:
+            self.embedded.down()
+            self.embedded = None
+            self.reporter.say("embedded cluster stopped")
+
+    def node_info(self, node_id: str) -> NodeInfo | None:
+        return ray_node_info(self.cluster, node_id)
+
+    def host_key(self, node: Node) -> str:
+        return node.ip
+
+    def _worker(self, key: str) -> "WorkerHost | None":
+        return next((h for h in self.embedded.hosts if h.ip == key), None) if self.embedded else None
+
+    def connect(self, key: str) -> Transport:
+        net = self.embedded.network if self.embedded else None
+        if net is None:  # plain hosts, or a sweep after the session's cluster is gone: this machine
+            return LocalTransport(key)
+        from chaos.transport.ssh import SSHTransport
+
+        return SSHTransport(key, key_filename=str(net.ssh_key_path), known_hosts=str(net.known_hosts_path),
+                            use_agent=False)
+
+    def _reach(self, key: str, node: Node | None) -> Host:
+        worker = self._worker(key)
+        return Host(key=key, name=worker.name if worker else None, transport=self.connect(key),
+                    console=worker.testhost if worker else None)
+
+    def healthy_workers(self) -> tuple[bool, str]:
+        alive = {n.node_id for n in self.cluster.alive_workers()}
+        down = [h.name for h in self.embedded.hosts if h.node_id not in alive]
+        return not down, f"all {len(self.embedded.hosts)} worker hosts alive" if not down else f"hosts down: {down}"
+
+    def wait_healed(self, timeout: float) -> None:
+        self.embedded.wait_workers_alive(timeout)
+
+
+def _properties(cluster: "EmbeddedCluster") -> dict:
+    h = cluster.config.health
+    return {
+        "ray.version": ray.__version__,
+        "cluster": f"embedded ({cluster.config.hosts} hosts)",
+        "nodes": f"1 head + {len(cluster.hosts)} workers",
+        "node.recovery": f"{'automatic' if cluster.config.node_recovery else 'off'} "
+                         f"(delay {cluster.config.recovery_delay_s} s)",
+        "health_check_period_ms": h.period_ms,
+        "health_check_timeout_ms": h.timeout_ms,
+        "health_check_failure_threshold": h.failure_threshold,
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    }

@@ -1,0 +1,253 @@
+"""Backends: the registry picks one per profile, safety fails closed in the shared path,
+hosts are looked up by node id and "the same host" is the backend's answer; faults take
+their budget class from the catalog and keep per-injection state off the fault object."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from chaos import backends
+from chaos.backends.base import Backend, Host
+from chaos.cluster import ClusterView, Node
+from chaos.errors import ProfileError
+from chaos.faults import catalog
+from chaos.faults.base import Fault, FaultContext, Injection, Target
+from chaos.faults.cuda import CudaFault
+from chaos.faults.raylet import RayletKill
+from chaos.profile import profile_from_dict
+from chaos.pytest_plugin import Chaos
+from chaos.safety import NodeInfo, TargetRefused
+from chaos.transport.base import CommandResult
+
+HEAD = Node("h" * 56, "10.0.0.1", True, True, 1.0, None, None, {}, {})
+W2 = Node("a" * 56, "10.0.0.2", True, False, 1.0, None, None, {}, {"pool": "spot"})
+W2_AGAIN = Node("b" * 56, "10.0.0.2", True, False, 9.0, None, None, {}, {"pool": "spot"})
+W3 = Node("c" * 56, "10.0.0.3", True, False, 1.0, None, None, {}, {})
+
+
+def profile(**extra):
+    return profile_from_dict({"name": "staging", "ray": {"dashboard_url": "http://10.0.0.1:8265",
+                                                         "gcs_address": "10.0.0.1:6379"},
+                              "storage": {"path": "/mnt/shared/chaos"}, **extra})
+
+
+class FakeView(ClusterView):
+    def __init__(self, *nodes: Node):
+        super().__init__("http://10.0.0.1:8265", "10.0.0.1:6379")
+        self._nodes = list(nodes)
+
+    def nodes(self):
+        return list(self._nodes)
+
+    def hostname(self, node_id):
+        return f"host-{node_id[:2]}"
+
+
+class FakeTransport:
+    def __init__(self, host):
+        self.host, self.commands, self.closed = host, [], False
+
+    def run(self, command, timeout=30):
+        self.commands.append(command)
+        return CommandResult(self.host, command, 0, "", "")
+
+    def launch(self, command):
+        self.commands.append(command)
+
+    def close(self):
+        self.closed = True
+
+
+class Minimal(Backend):
+    """A backend that supplies the facts and nothing else: no safety settings of its own."""
+
+    name = "minimal"
+    label = "minimal"
+    storage_path = "/tmp/storage"
+
+    def _open(self):
+        return self.cluster
+
+    def _close(self):
+        pass
+
+    def node_info(self, node_id):
+        node = self.cluster.node(node_id)
+        return NodeInfo(node_id, node.ip, is_head=node.is_head) if node else None
+
+    def host_key(self, node):
+        return node.ip
+
+    def connect(self, key):
+        return FakeTransport(key)
+
+    def _reach(self, key, node):
+        return Host(key=key, name=f"machine-{key}", transport=self.connect(key))
+
+    def healthy_workers(self):
+        return True, "fine"
+
+    def wait_healed(self, timeout):
+        pass
+
+
+def minimal(*nodes, **kwargs) -> Minimal:
+    b = Minimal(**kwargs)
+    b.cluster = FakeView(*nodes)
+    return b
+
+
+def target(node: Node) -> Target:
+    return Target(node.node_id, node.ip, rank=1)
+
+
+# -- registry -------------------------------------------------------------------------------
+def test_a_profile_reached_over_ssh_or_locally_gets_the_ssh_backend():
+    b = backends.for_profile(profile(hosts={"defaults": {"transport": "local"},
+                                            "overrides": [{"match": {"address": "10.0.0.2"}, "transport": "ssh"}]}))
+    assert isinstance(b, backends.SSHBackend) and b.label == "profile:staging"
+    assert b.storage_path == "/mnt/shared/chaos"
+
+
+def test_a_profile_no_backend_serves_is_refused_by_name():
+    p = profile(hosts={"defaults": {"transport": "k8s"}}, kubernetes={"ray_cluster": "rc"})
+    with pytest.raises(ProfileError, match=r"no backend reaches hosts over k8s \(backends: embedded, ssh\)"):
+        backends.for_profile(p)
+
+
+def test_every_registered_backend_has_its_registry_name():
+    assert all(cls.name == name for name, cls in backends.BACKENDS.items())
+
+
+# -- safety, fail closed ----------------------------------------------------------------------
+def test_a_backend_without_settings_refuses_every_node():
+    b = minimal(HEAD, W2)
+    with pytest.raises(TargetRefused) as e:
+        b.check_target(target(W2))
+    assert e.value.rule == "safety.allowlist"
+    with pytest.raises(TargetRefused) as e:
+        b.check_target(target(HEAD))
+    assert e.value.rule == "safety.allow_head"
+
+
+def test_an_unknown_node_is_refused_whatever_the_settings():
+    from chaos.profile import SafetySettings
+
+    b = minimal(HEAD, safety=SafetySettings(allow_all_workers=True, allow_head=True))
+    with pytest.raises(TargetRefused, match="not a node of this cluster") as e:
+        b.check_target(target(W3))
+    assert e.value.rule == "node table"
+
+
+def test_a_profiles_safety_section_applies_to_its_backend():
+    p = profile(safety={"allowlist": [{"label": "pool=spot"}], "max_live_faults": 2})
+    b = backends.for_profile(p)
+    b.cluster = FakeView(HEAD, W2, W3)
+    b.check_target(target(W2))  # allowlisted by label
+    with pytest.raises(TargetRefused, match="matches none of safety.allowlist"):
+        b.check_target(target(W3))
+    assert b.live_faults.max_live == 2
+
+
+def test_the_embedded_backend_allows_its_workers_and_never_the_head():
+    b = backends.EmbeddedBackend()
+    b.cluster = FakeView(HEAD, W2)
+    b.check_target(target(W2))
+    with pytest.raises(TargetRefused, match="never targeted unless safety.allow_head"):
+        b.check_target(target(HEAD))
+
+
+@pytest.mark.parametrize("method", ["check_target", "session"])
+def test_a_backend_cannot_replace_the_shared_safety_path(method):
+    with pytest.raises(TypeError, match=f"overrides {method}: safety checks and the session are shared"):
+        type("Sloppy", (Minimal,), {method: lambda self, *a, **k: None})
+
+
+# -- hosts by node id ---------------------------------------------------------------------------
+def test_hosts_are_looked_up_by_node_id_and_shared_per_host():
+    b = minimal(HEAD, W2, W2_AGAIN)
+    first, again = b.host(W2.node_id), b.host(W2_AGAIN.node_id)
+    assert first is again and first.name == "machine-10.0.0.2"
+    assert b.same_host(first, W2_AGAIN) and not b.same_host(first, W3)
+    b.close_hosts()
+    assert first.transport.closed
+
+
+def test_same_host_is_the_backends_answer_not_an_address_comparison():
+    class ByName(Minimal):
+        def host_key(self, node):  # e.g. a Kubernetes node name: the pod came back elsewhere
+            return node.labels.get("pool", node.ip)
+
+    b = ByName()
+    b.cluster = FakeView(HEAD, W2, W3)
+    moved = Node("d" * 56, "10.0.0.9", True, False, 9.0, None, None, {}, {"pool": "spot"})
+    assert b.same_host(b.host(W2.node_id), moved)
+
+
+def test_the_ssh_backend_builds_a_jump_host_transport():
+    b = backends.for_profile(profile(hosts={"defaults": {"ssh": {"jump_host": "ops@bastion:2222",
+                                                                   "key_file": "/k", "user": "ubuntu"}}}))
+    t = b.connect("10.0.0.2")
+    assert (t.host, t.user, t.jump_host.host, t.jump_host.port, t.jump_host.user) == \
+        ("10.0.0.2", "ubuntu", "bastion", 2222, "ops")
+
+
+# -- faults --------------------------------------------------------------------------------------
+def test_fault_classes_take_their_budget_class_from_the_catalog():
+    for name, kind in catalog.KINDS.items():
+        if kind.impl:
+            cls = kind.fault_class()
+            assert cls.kind == name and cls.budget_class == kind.budget_class
+
+
+def test_a_fault_kind_missing_from_the_catalog_is_refused_at_definition():
+    with pytest.raises(ValueError, match="unknown fault kind 'meteor'"):
+        type("Meteor", (Fault,), {"kind": "meteor"})
+
+
+def test_detection_deadline_is_the_faults_own():
+    hang = CudaFault("ecc", mode="hang", collective_timeout_s=15, shim_path="/x")
+    assert hang.detect_timeout(60) == 75 and RayletKill().detect_timeout(60) == 60
+
+
+def test_one_fault_object_injected_twice_keeps_each_injection_apart():
+    fault = CudaFault("ecc", rank=1, shim_path="/x")
+    b = minimal(HEAD, W2)
+    ctx = FaultContext(cluster=b.cluster, timeline=None, backend=b)
+    injections = [Injection(fault, target(W2), b.host(W2.node_id)) for _ in range(2)]
+    details = [fault.inject(ctx, inj) for inj in injections]
+    assert details[0]["plan_id"] != details[1]["plan_id"]
+    assert [i.evidence["plan"] for i in injections] == [d["plan"] for d in details]
+    assert fault.revert_plan(injections[0])["host"] == "10.0.0.2"
+
+
+# -- expectations from the faults -----------------------------------------------------------------
+def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
+    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover}
+    env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
+    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
+    return Chaos(env, request)
+
+
+def test_expectation_follows_from_the_faults_and_the_options():
+    chaos = chaos_with(detect=12, recover=90)
+    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, RayletKill(rank=0))])
+    assert (e.charged, e.budget_exhausted, e.slo_detect_s, e.slo_recover_s) == ({"worker_group": 2}, False, 12, 90)
+
+
+def test_expectation_reads_the_profiles_slos_and_budget_per_kind():
+    p = profile(faults={"raylet-kill": {"slo_detect_s": 5, "slo_recover_s": 50, "expected_budget": "preemption"},
+                        "cuda": {"slo_detect_s": 8, "slo_recover_s": 40}})
+    chaos = chaos_with(p)
+    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, CudaFault(shim_path="/x"))])
+    assert e.charged == {"preemption": 1, "worker_group": 1}
+    assert (e.slo_detect_s, e.slo_recover_s) == (5, 40)  # the strictest of the kinds'
+
+
+def test_what_the_suite_says_overrides_what_the_faults_imply():
+    chaos = chaos_with(profile(faults={"raylet-kill": {"slo_detect_s": 5}}))
+    e = chaos._expectation(chaos.expect(charged={"worker_group": 3}, budget_exhausted=True, slo_detect_s=9),
+                           [(None, RayletKill())])
+    assert (e.charged, e.budget_exhausted, e.slo_detect_s) == ({"worker_group": 3}, True, 9)
