@@ -77,8 +77,14 @@ class StallWatch:
 
 
 def _controller_state(events: list[Event]) -> tuple[str | None, float]:
-    """The latest run's controller state and when it was entered."""
-    for e in reversed(events):
-        if e.kind == "state_changed":
-            return e.data.get("cur"), e.t
-    return None, 0.0
+    """The latest run's controller state and when it was entered (a repeated state is not
+    a new entry)."""
+    state, since = None, 0.0
+    for e in reversed([e for e in events if e.kind == "state_changed"]):
+        if state is None:
+            state, since = e.data.get("cur"), e.t
+        elif e.data.get("cur") == state:
+            since = e.t
+        else:
+            break
+    return state, since

@@ -181,7 +181,8 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
             data["error"] = str(error)[:2000]
         if current_state.is_terminal():
             self._final_state = cur
-        self._emit("state_changed", **data)
+        if data["prev"] != cur or error is not None:  # Ray re-enters RUNNING on every poll tick
+            self._emit("state_changed", **data)
 
     def before_controller_execute_failure_decision(self, failure_decision) -> None:
         parsed, self._pending_decision = self._pending_decision, None

@@ -413,6 +413,9 @@ def _running(quiet_s, every=1.0, state="RUNNING"):
     events = [Event(t0 - 1, "recorder", "state_changed", {"cur": "RUNNING"})]
     events += [Event(t0 + i * every, "recorder", "report", {"attempt": 0, "steps": {"0": i + 1, "1": i + 1}})
                for i in range(10)]
+    # a recorder that passes Ray's RUNNING -> RUNNING ticks on: not a new entry into RUNNING
+    events += [Event(t, "recorder", "state_changed", {"prev": "RUNNING", "cur": "RUNNING"})
+               for t in (now - 1, now - 0.5)]
     if state != "RUNNING":
         events.append(Event(now - quiet_s, "recorder", "state_changed", {"cur": state}))
     return events
