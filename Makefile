@@ -14,7 +14,7 @@ setup: $(VENV)/.installed node_modules/.installed .system-packages
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[workload]'
+	$(PY) -m pip install -q -e '.[workload,frameworks]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

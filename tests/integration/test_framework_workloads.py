@@ -1,0 +1,135 @@
+"""Real training scripts, written the way their users write them, under chaos.
+
+Each case runs the raylet-kill suite (fault after checkpoint 2) in a separate pytest
+session on its own embedded cluster, with the README's command line:
+
+    pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity \
+        --chaos-workload "python train_x.py --storage DIR [--bug]" --chaos-workload-dir tests/workloads
+
+No --chaos-step-metric: the default (auto) finds ``step`` (Ray's Hugging Face and
+Lightning callbacks, the every-3rd script) and ``global_step`` (the accumulation script).
+
+| script (tests/workloads/)  | reports (checkpoints)                 | bug flag              | diagnosis                   |
+|----------------------------|---------------------------------------|-----------------------|-----------------------------|
+| train_hf_transformers.py   | step 4, 8, ... 20 (every report)      | --ignore-checkpoint   | restarted from scratch      |
+| train_lightning.py         | step 4, 8, ... 24 (every report)      | --ignore-checkpoint   | restarted from scratch      |
+| train_grad_accum.py        | global_step 4, 8, ... 60 (12, 24, ..) | --resume-next-step    | resumed past the checkpoint |
+| train_every_third.py       | step 3, 6, ... 30 (6, 12, ...)        | --restore-rank0-only  | rank 1 restarted from scratch |
+"""
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "tests" / "workloads"
+SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
+RESUMED = re.compile(r"attempt 1 resumed at step (\d+), right after the latest checkpoint \(step (\d+)\) on every rank")
+
+pytestmark = pytest.mark.integration
+
+
+def run_suite(tmp_path, script, *script_args, timeout=600):
+    workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), *script_args])
+    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
+           "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
+           "--chaos-reports", str(tmp_path / "reports")]
+    started = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # the session reverts its faults and stops its cluster on SIGTERM
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        assert_nothing_left(p.pid)
+        pytest.fail(f"{script} {' '.join(script_args)}: the chaos session ran past {timeout} s\n{out[-4000:]}")
+    print(f"{script} {' '.join(script_args)}: chaos session took {time.monotonic() - started:.0f} s")
+    (tmp_path / "session.log").write_text(out)
+    print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
+    assert_nothing_left(p.pid)
+    return p.returncode, out
+
+
+def assert_nothing_left(session_pid):
+    """No process of that pytest session's cluster (Ray temp dir /tmp/rc-<pid>) may survive it."""
+    marker = f"/tmp/rc-{session_pid}/"
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert not left, f"processes of the embedded cluster left behind: {left}"
+
+
+def assert_resumed_after_checkpoint(code, out, stride):
+    """Passed, and the restart reported the step that follows the latest checkpoint."""
+    assert code == 0, out[-6000:]
+    m = RESUMED.search(out)
+    assert m, out[-6000:]
+    resumed, checkpoint = int(m[1]), int(m[2])
+    assert resumed == checkpoint + stride, m[0]
+
+
+def assert_failed_with(code, out, *phrases):
+    assert code == 1, out[-6000:]
+    for phrase in phrases:
+        assert phrase in out, f"{phrase!r} not in the output:\n{out[-6000:]}"
+    assert "training stalled" not in out, out[-6000:]
+
+
+# -- Hugging Face Transformers Trainer + Ray's RayTrainReportCallback / prepare_trainer ----------
+def test_hf_transformers_trainer_resumes_from_its_checkpoint(tmp_path):
+    code, out = run_suite(tmp_path, "train_hf_transformers.py")
+    assert_resumed_after_checkpoint(code, out, stride=4)
+
+
+def test_hf_transformers_trainer_ignoring_its_checkpoint_restarts_from_scratch(tmp_path):
+    code, out = run_suite(tmp_path, "train_hf_transformers.py", "--ignore-checkpoint")
+    assert_failed_with(code, out, "restarted from scratch: attempt 1 began at step 4 on every rank")
+
+
+# -- PyTorch Lightning + RayDDPStrategy / RayLightningEnvironment / RayTrainReportCallback --------
+def test_lightning_resumes_from_its_checkpoint(tmp_path):
+    code, out = run_suite(tmp_path, "train_lightning.py")
+    assert_resumed_after_checkpoint(code, out, stride=4)
+
+
+def test_lightning_ignoring_its_checkpoint_restarts_from_scratch(tmp_path):
+    code, out = run_suite(tmp_path, "train_lightning.py", "--ignore-checkpoint")
+    assert_failed_with(code, out, "restarted from scratch: attempt 1 began at step 4 on every rank")
+
+
+# -- plain torch, gradient accumulation: global_step advances by 4 per report --------------------
+def test_grad_accumulation_resumes_from_its_checkpoint(tmp_path):
+    code, out = run_suite(tmp_path, "train_grad_accum.py")
+    assert_resumed_after_checkpoint(code, out, stride=4)
+
+
+def test_grad_accumulation_off_by_one_resume_skips_data(tmp_path):
+    code, out = run_suite(tmp_path, "train_grad_accum.py", "--resume-next-step")
+    assert_failed_with(code, out, "resumed past the checkpoint: attempt 1 began at step")
+    m = re.search(r"resumed past the checkpoint: attempt 1 began at step (\d+) on every rank although "
+                  r"checkpoint step (\d+) was committed", out)
+    assert m and int(m[1]) == int(m[2]) + 8, out[-6000:]  # one accumulation window (4) skipped
+
+
+# -- plain torch reporting every 3rd step, checkpointing every 6th -------------------------------
+def test_every_third_step_reporter_resumes_from_its_checkpoint(tmp_path):
+    code, out = run_suite(tmp_path, "train_every_third.py")
+    assert_resumed_after_checkpoint(code, out, stride=3)
+
+
+def test_every_third_step_reporter_restoring_only_rank_0_fails_naming_rank_1(tmp_path):
+    code, out = run_suite(tmp_path, "train_every_third.py", "--restore-rank0-only")
+    assert_failed_with(code, out, "restarted from scratch: rank 1 began attempt 1 at step 3")
+    assert re.search(r"while rank 0 resumed at (\d+)", out), out[-6000:]
