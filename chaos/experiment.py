@@ -13,20 +13,21 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Callable
 
 import ray
 
 from chaos import plot, summary
+from chaos.backends.base import Backend
 from chaos.cluster import ClusterView
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
-from chaos.faults.base import Fault, FaultContext, Target
+from chaos.faults.base import Fault, FaultContext, Injection, Target
 from chaos.ledger import Ledger
+from chaos.progress import Finding, StallWatch
 from chaos.report import Reporter
 from chaos.timeline import Timeline, recovery_metrics
 from chaos.train.run import Run, RunSpec
 from chaos.waits import poll_until
-from chaos.verify import Expectation, Verdict, check, healed, verdicts_for
+from chaos.verify import Expectation, Verdict, check, did_not_resume, healed, verdicts_for
 
 log = logging.getLogger(__name__)
 
@@ -42,30 +43,33 @@ class Timeouts:
 
 
 @dataclasses.dataclass
-class Environment:
-    """What the pytest plugin hands an experiment: the cluster and where things go."""
+class Judging:
+    """How verdicts fail a test: ``unverifiable`` is ``fail`` (default) or ``warn``; the stall
+    limit is derived from the run's report interval unless set."""
 
-    cluster: ClusterView
-    head_node_id: str
+    unverifiable: str = "fail"
+    stall_limit_s: float | None = None
+
+
+@dataclasses.dataclass
+class Environment:
+    """What the pytest plugin hands an experiment: a backend's cluster, the ledger, where things go."""
+
+    backend: Backend
     ledger: Ledger
     out_dir: Path
-    backend: str
-    transport_for: Callable
-    host_name_for: Callable = lambda ip: None
-    console_for: Callable = lambda ip: None
-    fresh_transport_for: Callable | None = None
-    python: str = "python3"
-    healthy_workers: Callable[[], tuple[bool, str]] = lambda: (True, "no node health check for this backend")
-    wait_healed: Callable[[float], None] = lambda timeout: None
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     dry_run: bool = False
-    storage_path: str = "reports/storage"
-    check_target: Callable = lambda target: None  # raises (safety.TargetRefused) when a target is not allowed
-    live_faults: object = None  # safety.LiveFaults, when the cluster limits live faults
-    properties: dict = dataclasses.field(default_factory=dict)  # environment.properties for the report
-    allow_head: bool = False  # a profile's safety.allow_head
     abort_reason: str | None = None
     _timelines: list = dataclasses.field(default_factory=list)
+
+    @property
+    def cluster(self) -> ClusterView:
+        return self.backend.cluster
+
+    @property
+    def head_node_id(self) -> str:
+        return self.backend.head_node_id
 
     def abort(self, reason: str) -> None:
         """Stop every experiment's waits at once (the health guard's stop condition)."""
@@ -81,19 +85,23 @@ class Outcome:
     verdicts: list[Verdict]
     targets: list[Target]
     run: Run
+    unverifiable: str = "fail"
+    injections: list[Injection] = dataclasses.field(default_factory=list)  # what was injected, with its evidence
 
     def verdict(self, prefix: str) -> Verdict:
         return next(v for v in self.verdicts if v.name.startswith(prefix))
 
     def assert_verdicts(self) -> None:
-        """Fail the test with every failed verdict's message (diagnosis first)."""
-        check(self.verdicts)
+        """Fail the test with every failing verdict's message (diagnosis first); an
+        unverifiable verdict fails too unless --chaos-unverifiable warn."""
+        check(self.verdicts, self.unverifiable)
 
 
 class Experiment:
     def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault]], expect: Expectation,
-                 test_id: str, reporter: Reporter | None = None):
+                 test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
         self.env = env
+        self.judging = judging or Judging()
         self.spec = spec
         self.faults = faults
         self.expect = expect
@@ -102,9 +110,8 @@ class Experiment:
         self.timeline = Timeline()
         self.slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id.split("::")[-1])[:80]
         self.dir = Path(env.out_dir) / "runs" / f"{self.slug}-{time.strftime('%Y%m%d-%H%M%S')}"
-        self._armed: list[tuple[Fault, Target, str, object]] = []
-        self._targets: list[Target] = []
-        self._entries: list[str] = []  # ledger ids this experiment wrote
+        self._armed: list[Injection] = []
+        self._injections: list[Injection] = []
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
@@ -113,97 +120,124 @@ class Experiment:
         if env.abort_reason:
             self.timeline.abort(env.abort_reason)
         kinds = sorted({f.kind for _, f in self.faults})
-        r.labels(",".join(kinds), env.backend, self.slug)
+        r.labels(",".join(kinds), env.backend.label, self.slug)
         for k, v in self.spec.params.items():
             r.parameter(k, v)
-        ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, transport_for=env.transport_for,
-                           host_name_for=env.host_name_for, console_for=env.console_for,
-                           fresh_transport_for=env.fresh_transport_for, python=env.python,
-                           allow_head=env.allow_head)
+        ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, backend=env.backend)
         fault_env: dict[str, str] = {}
         for _, fault in self.faults:
             fault_env.update(fault.run_env())
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
-        self._free_cpus_before = ray.available_resources().get("CPU", 0)
+        self._free_before = _countable(ray.available_resources())
         env.cluster.watch(self.timeline)
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
+        watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s)
+        finding: Verdict | None = None
         try:
             with r.step("steady state: cluster healthy, run submitted, training started"):
-                ok, detail = env.healthy_workers()
+                ok, detail = env.backend.healthy_workers()
                 if not ok:
                     raise WaitTimeout(f"cluster not healthy before the experiment: {detail}")
                 run.submit()
                 first = run.wait_training_started(env.timeouts.start_s)
-                r.say(f"run {run.job_id}: first report step={first.data.get('step')} attempt={first.attempt}")
+                r.say(f"run {run.job_id}: first report step={first.data.get('step')} attempt={first.attempt}; "
+                      f"head clock offset {self.timeline.clock_offset:+.3f} s")
+                r.parameter("head clock offset (s)", round(self.timeline.clock_offset, 3))
+            self.timeline.guard = watch
             for i, (trigger, fault) in enumerate(self.faults, 1):
                 r.parameter(f"fault {i}", fault.describe())
                 r.parameter(f"trigger {i}", trigger.describe())
+                watch.waiting_for = trigger.describe()
                 with r.step(f"fault {i}: wait until {trigger.describe()}"):
                     fired = trigger.wait(self.timeline, env.timeouts.trigger_s)
                     r.say(f"trigger fired on {fired.describe()}")
                 with r.step(f"fault {i}: inject {fault.describe()}"):
                     target = self._inject(ctx, fault)
                     targets.append(target)
-                    self._targets.append(target)
                     r.parameter(f"target {i}", target.describe())
                 if env.dry_run:
                     continue
+                inj = self._injections[-1]
                 with r.step(f"fault {i}: detect" + (f" (Ray marks node {target.node_id[:8]} DEAD)" if fault.kills_node
                                                     else f" (Train sees rank {target.rank} fail)")):
-                    self._detect(fault, target)
-                    fault.after_detect(ctx, target)
+                    self.timeline.guard = None  # a fault may legitimately silence the run until detected
+                    self._detect(inj)
+                    fault.after_detect(ctx, inj)
                 if fault.one_shot:  # disarm before the next attempt can start, or it would fail again
                     self._revert_all(ctx)
+                watch.waiting_for = "the next attempt's first report"
+                self.timeline.guard = watch
                 with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
                     self._recover()
                 self._revert_all(ctx)
             if env.dry_run:  # every target is resolved and printed; nothing to finish or verify
-                return Outcome(self.slug, self.timeline, verdicts, targets, run)
+                return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
+                               self._injections)
+            watch.waiting_for = "the run to end"
             with r.step("finish: the run ends by itself"):
                 run.wait_finished(env.timeouts.finish_s)
+            self.timeline.guard = None
             with r.step("verify: verdicts from the timeline"):
                 verdicts.extend(verdicts_for(self.timeline, self.expect))
                 for v in verdicts:
                     r.say(v.line())
+        except Finding as f:  # the run stalled or never resumed: stop it, judge what it did
+            finding = f.verdict
+            r.say(f"stopped waiting: {finding.message}")
         finally:
+            self.timeline.guard = None
             # Each cleanup step on its own: one failing must neither skip the others nor hide
             # the exception that brought us here.
             self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
             self._cleanup("stop the run", run.stop)
+            if finding is not None:
+                with r.step("verify: verdicts from what the run did before it stopped"):
+                    verdicts.extend(verdicts_for(self.timeline, self.expect, finished=False))
+                    verdicts.append(finding)
+                    for v in verdicts:
+                        r.say(v.line())
             self._cleanup("stop the node watcher", env.cluster.stop_watching)
             env._timelines.remove(self.timeline)
             heal_verdict = self._heal()
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
             self._attach(run, nodes_before, verdicts)
-        return Outcome(self.slug, self.timeline, verdicts, targets, run)
+        return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
+                       self._injections)
 
     # -- phases ------------------------------------------------------------------
     def _inject(self, ctx: FaultContext, fault: Fault) -> Target:
+        """Resolve, check (the backend's safety rules, fail closed), record, inject; the
+        Injection is kept in ``_injections`` (dry run: nothing is recorded or injected)."""
+        backend = self.env.backend
         target = fault.resolve(ctx)
         try:
-            self.env.check_target(target)
+            backend.check_target(target)
         except ChaosError as e:
             if self.env.dry_run:
                 self.reporter.say(f"DRY RUN: {fault.describe()} into {target.describe()} would be REFUSED: {e}")
                 return target
             raise
+        inj = Injection(fault, target, backend.host(target.node_id))
         if self.env.dry_run:
             self.reporter.say(f"DRY RUN: would inject {fault.describe()} into {target.describe()}; "
-                              f"revert: {fault.revert_plan(target)}")
+                              f"revert: {fault.revert_plan(inj)}")
             return target
-        slot = self.env.live_faults.acquire(fault.describe()) if self.env.live_faults is not None else None
-        entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(target), test=self.test_id)
-        self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(), ledger_id=entry,
-                           description=fault.describe(), detect_by="node" if fault.kills_node else "train")
+        inj.slot = backend.live_faults.acquire(fault.describe())
+        entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(inj), test=self.test_id)
+        inj.ledger_id = entry
+        inj.t = self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(),
+                                   ledger_id=entry, description=fault.describe(),
+                                   detect_by="node" if fault.kills_node else "train").t
         # Armed before inject: whatever half-happened (an exception, Ctrl-C mid-command) is reverted.
-        self._armed.append((fault, target, entry, slot))
-        self._entries.append(entry)
+        self._armed.append(inj)
+        self._injections.append(inj)
         try:
-            details = fault.inject(ctx, target)
+            details = fault.inject(ctx, inj)
+            self.timeline.emit("fault", "fault_returned", ledger_id=entry)
         except BaseException as e:
             self.env.ledger.mark(entry, "failed", error=f"inject: {e}")
             if isinstance(e, Exception):
@@ -213,13 +247,18 @@ class Experiment:
         self.reporter.say(f"injected {fault.describe()} into {target.describe()}: {details}")
         return target
 
-    def _detect(self, fault: Fault, target: Target) -> None:
-        fault_t = self.timeline.of("fault_injected")[-1].t
+    def _detect(self, inj: Injection) -> None:
+        """Wait on the fault's own detection predicate; record the event it matched."""
+        fault, target = inj.fault, inj.target
         what = (f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD" if fault.kills_node
                 else f"Train to see rank {target.rank} fail")
-        seen = self.timeline.wait_for(lambda ev: fault.detected(ev, target, fault_t),
-                                      self.env.timeouts.detect_s + (getattr(fault, "collective_timeout_s", None) or 0),
-                                      what)
+        timeout = fault.detect_timeout(self.env.timeouts.detect_s)
+        try:
+            seen = self.timeline.wait_for(lambda ev: fault.detected(ev, target, inj.t), timeout, what)
+        except WaitTimeout as e:
+            raise Finding(did_not_resume(f"Ray never noticed the fault: no sign of {what}", str(e))) from e
+        self.timeline.emit("fault", "fault_detected", t=seen.t, ledger_id=inj.ledger_id, by=seen.kind,
+                           node_id=target.node_id)
         self.reporter.say(f"detected: {seen.describe()} {seen.data.get('death_reason') or ''}")
 
     def _recover(self) -> None:
@@ -233,8 +272,11 @@ class Experiment:
                     return first
             return next((e for e in later if e.kind in ("run_finished", "job_finished")), None)
 
-        e = self.timeline.wait_for(recovered, self.env.timeouts.recover_s,
-                                   "the next attempt's first report (or the run's end)")
+        try:
+            e = self.timeline.wait_for(recovered, self.env.timeouts.recover_s,
+                                       "the next attempt's first report (or the run's end)")
+        except WaitTimeout as err:
+            raise Finding(did_not_resume("no new attempt reported after the fault was detected", str(err))) from err
         self.reporter.say(f"after the fault: {e.describe()}")
 
     def _revert_all(self, ctx: FaultContext, final: bool = False) -> None:
@@ -242,18 +284,17 @@ class Experiment:
         this is the final attempt, stays armed to be retried on the way out."""
         failed = []
         while self._armed:
-            fault, target, entry, slot = self._armed.pop()
+            inj = self._armed.pop()
             try:
-                did = fault.revert(ctx, target)
+                did = inj.fault.revert(ctx, inj)
             except Exception as e:
-                self.env.ledger.mark(entry, "failed", error=f"revert failed: {e}")
-                log.error("revert of %s (%s) failed: %s", fault.kind, entry, e)
-                failed.append((fault, target, entry, slot))
+                self.env.ledger.mark(inj.ledger_id, "failed", error=f"revert failed: {e}")
+                log.error("revert of %s (%s) failed: %s", inj.fault.kind, inj.ledger_id, e)
+                failed.append(inj)
                 continue
-            self.env.ledger.mark(entry, "reverted" if did else "nothing-to-revert")
-            self.timeline.emit("fault", "fault_reverted", fault=fault.kind, ledger_id=entry, reverted=did)
-            if slot is not None:
-                self.env.live_faults.release(slot)
+            self.env.ledger.mark(inj.ledger_id, "reverted" if did else "nothing-to-revert")
+            self.timeline.emit("fault", "fault_reverted", fault=inj.fault.kind, ledger_id=inj.ledger_id, reverted=did)
+            self.env.backend.live_faults.release(inj.slot)
         if not final:
             self._armed.extend(failed)
 
@@ -266,12 +307,12 @@ class Experiment:
 
     def _heal(self) -> Verdict:
         try:
-            self.env.wait_healed(self.env.timeouts.heal_s)
-            nodes_ok, nodes_detail = self.env.healthy_workers()
+            self.env.backend.wait_healed(self.env.timeouts.heal_s)
+            nodes_ok, nodes_detail = self.env.backend.healthy_workers()
         except Exception as e:
             nodes_ok, nodes_detail = False, str(e)
         try:
-            mine = set(self._entries)
+            mine = {inj.ledger_id for inj in self._injections}
             armed = [e for e in self.env.ledger.open_entries()
                      if e["id"] in mine and (e.get("revert") or {}).get("action", "none") != "none"]
         except Exception as e:
@@ -280,19 +321,22 @@ class Experiment:
         return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
 
     def _resources_free(self) -> tuple[bool, str]:
-        """Once the job is gone, the CPUs free before it must be free again (no leaked actors).
+        """Once the job is gone, every resource free before it (CPU, GPU, custom) must be free
+        again (no leaked actors or placement groups).
 
-        Compared with the free CPUs seen before submission, not with the total, so other
+        Compared with what was free before submission, not with the totals, so other
         tenants of a shared cluster do not make this fail."""
-        before = self._free_cpus_before or 0.0
+        before = self._free_before
 
         def check():
-            avail = ray.available_resources().get("CPU", 0)
-            return (f"{avail:g} CPUs free, as before the run" if avail >= before else None), \
-                f"{avail:g} CPUs free, {before:g} were free before the run"
+            now = _countable(ray.available_resources())
+            short = {k: (now.get(k, 0.0), v) for k, v in before.items() if now.get(k, 0.0) + 1e-9 < v}
+            if not short:
+                return ", ".join(f"{v:g} {k}" for k, v in sorted(before.items())) + " free, as before the run", ""
+            return None, "still held: " + ", ".join(f"{k} {a:g} free of {b:g} before" for k, (a, b) in short.items())
 
         try:
-            return True, poll_until(check, 60, "the run's CPUs to be free again", interval=0.5)
+            return True, poll_until(check, 60, "the run's resources to be free again", interval=0.5)
         except Exception as e:
             return False, f"leaked resources: {e}"
 
@@ -308,12 +352,13 @@ class Experiment:
             r.attach_json("nodes after", self.env.cluster.table())
             r.attach_file("job log", run.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])
-            evidence = {f.describe(): f.evidence for _, f in self.faults if getattr(f, "evidence", None)}
+            evidence = {f"{i}: {inj.fault.describe()}": inj.evidence
+                        for i, inj in enumerate(self._injections, 1) if inj.evidence}
             if evidence:
                 r.attach_json("fault evidence (boot ids, node ids)", evidence)
             transcript = []
-            for ip in sorted({t.node_ip for t in self._targets}):
-                for entry in getattr(self.env.transport_for(ip), "transcript", []):
+            for transport in {inj.host.key: inj.host.transport for inj in self._injections}.values():
+                for entry in getattr(transport, "transcript", []):
                     cmd = entry.command if len(entry.command) < 200 else entry.command[:200] + " …"
                     transcript.append(f"{time.strftime('%H:%M:%S', time.localtime(entry.time))} {entry.host} $ {cmd}"
                                       f" -> exit {entry.exit_code} {entry.error or ''} {entry.note}".rstrip())
@@ -333,6 +378,14 @@ class Experiment:
     def record(self, outcome: str) -> dict:
         """The per-test record for reports/summary.json."""
         return {"test": self.test_id, "fault_kind": ",".join(sorted({f.kind for _, f in self.faults})),
-                "backend": self.env.backend, "outcome": outcome,
+                "backend": self.env.backend.label, "outcome": outcome,
                 "verdicts": [v.to_json() for v in getattr(self, "verdicts", [])], "metrics": getattr(self, "metrics", {}),
                 "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(self.timeline)]}
+
+
+def _countable(resources: dict) -> dict[str, float]:
+    """Resources a run holds and must give back: CPU, GPU, custom ones — not memory (which
+    Ray's own processes use) nor the per-node ``node:<ip>`` markers (node ids change)."""
+    skip = ("memory", "object_store_memory")
+    return {k: float(v) for k, v in resources.items()
+            if k not in skip and not k.startswith("node:") and not k.startswith("accelerator_type:")}

@@ -6,6 +6,7 @@ parts of it, which nobody wants from a plain ``pytest``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import signal
@@ -17,7 +18,7 @@ import pytest
 
 from chaos import summary
 from chaos.errors import Aborted
-from chaos.experiment import Environment, Experiment, Outcome
+from chaos.experiment import Environment, Experiment, Judging, Outcome
 from chaos.faults.raylet import RayletKill
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
@@ -37,8 +38,17 @@ def pytest_addoption(parser):
                      "(run from the current directory, which is shipped as the job's working_dir)")
     g.addoption("--chaos-workload-dir", default=None, metavar="DIR",
                 help="directory shipped with --chaos-workload as its working_dir (default: the current directory)")
-    g.addoption("--chaos-step-metric", default="step", metavar="NAME",
-                help="the reported metric that counts training steps (default: step)")
+    g.addoption("--chaos-step-metric", default="auto", metavar="NAME[,NAME...]",
+                help="the reported metric(s) that count training steps, tried in order; 'auto' (default) tries "
+                     "the names Ray's own framework callbacks report (step, global_step, ...)")
+    g.addoption("--chaos-state-metric", default=None, metavar="NAME",
+                help="a metric a correct restore reproduces at a re-done step (e.g. loss) for workloads that are "
+                     "deterministic per step; on (loss) for the reference workload, off for your own by default")
+    g.addoption("--chaos-unverifiable", choices=["fail", "warn"], default="fail",
+                help="an unverifiable verdict (missing evidence) fails the test (default) or only warns")
+    g.addoption("--chaos-stall-limit", type=float, default=None, metavar="S",
+                help="fail as 'training stalled' when no rank reports for S seconds (default: 10x the run's "
+                     "report interval, at least 60)")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")
@@ -69,10 +79,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
     config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
-                          ("chaos_slo_recover", 0.001)):
+                          ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1)):
         value = config.getoption(name)
-        if value < minimum:
+        if value is not None and value < minimum:
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
+    if not [n for n in config.getoption("chaos_step_metric").split(",") if n.strip()]:
+        raise pytest.UsageError("--chaos-step-metric is empty: name the metric that counts steps, or 'auto'")
     if config.getoption("chaos_workload") is not None and not config.getoption("chaos_workload").strip():
         raise pytest.UsageError("--chaos-workload is empty: give the command that starts your training script")
     if config.getoption("chaos_workload"):
@@ -129,11 +141,12 @@ def live_reporter(config) -> Reporter:
 # -- the cluster -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def chaos_env(request) -> Environment:
-    """The cluster under test: the one --chaos-profile describes, else the embedded cluster."""
+    """The cluster under test: the backend that serves --chaos-profile, else the embedded cluster."""
+    from chaos import backends
     from chaos.allure_site import write_environment
     from chaos.embedded.cluster import EmbeddedConfig
     from chaos.embedded.testhost import testhosts_supported
-    from chaos.environments import embedded_environment, profile_environment
+    from chaos.ledger import Ledger
 
     opt = request.config.getoption
     out = Path(opt("chaos_reports")).resolve()
@@ -142,7 +155,7 @@ def chaos_env(request) -> Environment:
     if profile is not None:
         reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
                      + (" (DRY RUN: nothing will be injected)" if opt("chaos_dry_run") else ""))
-        context = profile_environment(profile, out, dry_run=opt("chaos_dry_run"), reporter=reporter)
+        backend = backends.for_profile(profile)
     else:
         hosts = opt("chaos_hosts")
         supported, why = testhosts_supported()
@@ -157,16 +170,30 @@ def chaos_env(request) -> Environment:
                  else "loopback processes on 127.0.1.x" + ("" if supported else f" (no test hosts: {why})"))
         reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                      f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
-        context = embedded_environment(out, cfg, dry_run=opt("chaos_dry_run"), reporter=reporter)
-    with context as env:
+        backend = backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
+    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=opt("chaos_dry_run"))
+    with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
         results = request.config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)
-            write_environment(results, env.properties)
+            write_environment(results, backend.properties)
         yield env
 
 
 # -- what suites use ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """What a suite says should happen.  What it leaves unset (None) follows from its faults:
+    the charge each one costs (its kind's budget class, or the profile's expected_budget)
+    and the SLOs of their kinds (the profile's, else --chaos-slo-detect/--chaos-slo-recover;
+    the strictest where kinds differ)."""
+
+    charged: dict[str, int] | None = None
+    budget_exhausted: bool = False
+    slo_detect_s: float | None = None
+    slo_recover_s: float | None = None
+
+
 @dataclasses.dataclass
 class Chaos:
     """The `chaos` fixture: build workloads, faults and expectations; run experiments."""
@@ -189,32 +216,48 @@ class Chaos:
         name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_") + "-" + uuid.uuid4().hex[:6]
         if self.user_workload:
             return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
-                             working_dir=self._opt("chaos_workload_dir"))
-        profile = getattr(self.env, "profile", None)
+                             working_dir=self._opt("chaos_workload_dir"), state_metric=self._opt("chaos_state_metric"))
+        profile = self.env.backend.profile
         if profile is not None and profile.workload.kind == "entrypoint":
             w = profile.workload
-            spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir)
+            spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir,
+                             state_metric=w.state_metric)
             spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
             return spec
         params.setdefault("seed", self._opt("chaos_seed"))
-        return reference_spec(name, self.env.storage_path, **params)
+        return reference_spec(name, self.env.backend.storage_path, **params)
 
     def raylet_kill(self, rank: int = 1) -> RayletKill:
         return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
 
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
-               fault_kind: str | None = None) -> Expectation:
-        """SLOs from the profile's entry for ``fault_kind`` when a profile is used, else the options."""
-        detect, recover = self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover")
-        profile = getattr(self.env, "profile", None)
-        if profile is not None and fault_kind:
-            detect, recover = profile.slo_for(fault_kind)
-        return Expectation(charged=charged or {}, budget_exhausted=budget_exhausted,
+               slo_detect_s: float | None = None, slo_recover_s: float | None = None) -> Expect:
+        """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``."""
+        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s)
+
+    def _expectation(self, expect: Expect, faults: list) -> Expectation:
+        """``expect`` with its unset fields derived from ``faults`` and the profile."""
+        profile = self.env.backend.profile
+        kinds = sorted({f.kind for _, f in faults})
+        charged = expect.charged
+        if charged is None:
+            charged = dict(collections.Counter(c for _, f in faults if (c := _charged_to(profile, f))))
+        if profile is not None and kinds:
+            slos = [profile.slo_for(k) for k in kinds]
+        else:
+            slos = [(self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover"))]
+        detect = expect.slo_detect_s if expect.slo_detect_s is not None else min(d for d, _ in slos)
+        recover = expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos)
+        return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
                            slo_detect_s=detect, slo_recover_s=recover)
 
-    def run(self, workload: RunSpec, faults: list, expect: Expectation) -> Outcome:
-        exp = Experiment(self.env, workload, faults, expect, self.request.node.nodeid,
-                         reporter=live_reporter(self.request.config))
+    def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
+        """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what
+        the faults imply."""
+        exp = Experiment(self.env, workload, faults, self._expectation(expect or Expect(), faults),
+                         self.request.node.nodeid,
+                         reporter=live_reporter(self.request.config),
+                         judging=Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit")))
         self.experiments.append(exp)
         try:
             outcome = exp.run()
@@ -226,7 +269,17 @@ class Chaos:
 
     @property
     def embedded(self):
-        return getattr(self.env, "embedded", None)
+        """The embedded cluster (chaos.embedded.cluster.EmbeddedCluster), None on a profile's cluster."""
+        from chaos.backends import EmbeddedBackend
+
+        return self.env.backend.embedded if isinstance(self.env.backend, EmbeddedBackend) else None
+
+
+def _charged_to(profile, fault) -> str | None:
+    """The budget class ``fault`` should be charged to: the profile's expected_budget for
+    its kind, else the catalog's (None: no charge)."""
+    own = profile.faults.get(fault.kind) if profile is not None else None
+    return own.expected_budget if own is not None and own.expected_budget else fault.budget_class
 
 
 @pytest.fixture
