@@ -55,6 +55,18 @@ def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(tm
 
 
 @pytest.mark.integration
+def test_rank_that_restarts_from_scratch_is_named_and_the_hang_is_a_stall(tmp_path):
+    """Only rank 0 restores: rank 1 replays from step 1, and once rank 0 is done it waits in
+    the all-reduce forever.  The test fails on both findings instead of hanging."""
+    code, out = run_suite(tmp_path, "--restore-rank0-only")
+    assert code == 1, out[-4000:]
+    assert "restarted from scratch: rank 1 began attempt 1 at step 1" in out, out[-4000:]
+    assert "while rank 0 resumed at 11" in out, out[-4000:]
+    assert "training stalled: no rank reported for" in out, out[-4000:]
+    assert "WaitTimeout" not in out  # a finding about the run, not the harness timing out
+
+
+@pytest.mark.integration
 def test_default_failure_config_fails_with_budget_exhausted(tmp_path):
     code, out = run_suite(tmp_path, "--default-failure-config")
     assert code == 1, out[-4000:]

@@ -4,6 +4,8 @@ the classic mistakes the harness must catch.
     --ignore-checkpoint   never calls get_checkpoint() (ray-project/ray#46814)
     --default-failure-config   leaves FailureConfig at its default (max_failures=0)
     --crash-before-training    raises before the trainer starts
+    --restore-rank0-only  only rank 0 loads the checkpoint; rank 1 replays from step 0 and,
+                          once rank 0 is done, waits forever in the per-step all-reduce
     --metric NAME         name of the reported step counter (default "step")
 """
 
@@ -22,17 +24,19 @@ from ray.train.torch import TorchTrainer
 
 def loop(config):
     model = torch.nn.Linear(4, 1)
+    rank = ray.train.get_context().get_world_rank()
     start = 0
-    if not config["ignore_checkpoint"]:
+    if not config["ignore_checkpoint"] and (rank == 0 or not config["restore_rank0_only"]):
         ckpt = ray.train.get_checkpoint()
         if ckpt:
             with ckpt.as_directory() as d:
                 start = torch.load(os.path.join(d, "s.pt"))["step"]
     for step in range(start + 1, config["steps"] + 1):
         model(torch.ones(2, 4)).sum().backward()
+        torch.distributed.all_reduce(torch.ones(1))  # ranks step together, as DDP's gradient sync does
         time.sleep(0.3)
         metrics = {config["metric"]: step}
-        if step % 5 == 0 and ray.train.get_context().get_world_rank() == 0:
+        if step % 5 == 0 and rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"step": step}, os.path.join(d, "s.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
@@ -45,6 +49,7 @@ if __name__ == "__main__":
     p.add_argument("--ignore-checkpoint", action="store_true")
     p.add_argument("--default-failure-config", action="store_true")
     p.add_argument("--crash-before-training", action="store_true")
+    p.add_argument("--restore-rank0-only", action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
@@ -53,7 +58,8 @@ if __name__ == "__main__":
         raise RuntimeError("could not open the training data: /data/shards does not exist")
     TorchTrainer(
         loop,
-        train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric},
+        train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric,
+                           "restore_rank0_only": a.restore_rank0_only},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=a.storage, name=f"user-{os.getpid()}",
                              failure_config=None if a.default_failure_config else FailureConfig(max_failures=3)),
