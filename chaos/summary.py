@@ -7,7 +7,7 @@ for one file; `write_summary` merges whatever records the directory holds.
 
 A record::
 
-    {"test": nodeid, "fault_kind": "raylet_kill", "backend": "embedded",
+    {"test": nodeid, "fault_kind": "raylet-kill", "backend": "embedded",
      "outcome": "passed" | "failed" | "broken",
      "verdicts": [{"name", "status", "diagnosis", "message", "evidence"}],
      "metrics": metrics_for(timeline, failure_config)}

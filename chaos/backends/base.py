@@ -1,4 +1,4 @@
-"""The one interface between the harness and whatever runs a cluster (DESIGN §3, §9).
+"""The one interface between the harness and whatever runs a cluster.
 
 A backend supplies facts: the cluster view, which host a Ray node runs on (a `Host`
 handle, looked up by node id: recreated pods and replaced machines get new addresses),
