@@ -63,7 +63,8 @@ def test_placement_and_context_fields():
     assert FinishedState().is_terminal()
 
 
-def _decision_log(policy, error):
+def _policy_records(policy, error):
+    """The decision and the log records Ray's failure policy wrote for it."""
     records = []
     handler = logging.Handler()
     handler.emit = records.append
@@ -76,6 +77,11 @@ def _decision_log(policy, error):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
+    return decision, records
+
+
+def _decision_log(policy, error):
+    decision, records = _policy_records(policy, error)
     return decision, [recorder.parse_failure_policy_line(r.getMessage()) for r in records]
 
 
@@ -113,20 +119,11 @@ def test_failure_policy_record_carries_the_error_and_its_causes():
     WorkerGroupError.worker_failures)."""
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger(recorder.FAILURE_POLICY_LOGGER)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        DefaultFailurePolicy(FailureConfig()).make_decision(ControllerError(WorkerGroupStartupTimeoutError(2)))
-        DefaultFailurePolicy(FailureConfig()).make_decision(
-            WorkerGroupError("boom", worker_failures={1: RuntimeError("CUDA error")}))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
+    _, timeout = _policy_records(DefaultFailurePolicy(FailureConfig()),
+                                 ControllerError(WorkerGroupStartupTimeoutError(2)))
+    _, crash = _policy_records(DefaultFailurePolicy(FailureConfig()),
+                               WorkerGroupError("boom", worker_failures={1: RuntimeError("CUDA error")}))
+    records = timeout + crash
     assert [recorder.error_types(r.exc_info[1]) for r in records] == [
         ["ControllerError", "WorkerGroupStartupTimeoutError"], ["WorkerGroupError", "RuntimeError"]]
 
