@@ -18,9 +18,12 @@ Lightning callbacks, the every-3rd script) and ``global_step`` (the accumulation
 """
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,7 +37,18 @@ pytestmark = pytest.mark.integration
 
 
 def run_suite(tmp_path, script, *script_args, timeout=600):
-    workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), *script_args])
+    name = f"chaos-fw-{uuid.uuid4().hex[:8]}"  # the Train run's name; also names the workers' local scratch
+    workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), "--name", name, *script_args])
+    try:
+        return _run_suite(tmp_path, workload, timeout)
+    finally:
+        # Workers' local scratch in the machine's temp dir, which the embedded hosts share: the HF
+        # Trainer's output_dir of a killed rank, Ray's Lightning callback's per-rank checkpoint dirs.
+        for scratch in Path(tempfile.gettempdir()).glob(f"*{name}*"):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_suite(tmp_path, workload, timeout):
     cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
            "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
            "--chaos-reports", str(tmp_path / "reports")]
@@ -50,8 +64,8 @@ def run_suite(tmp_path, script, *script_args, timeout=600):
             p.kill()
             out, _ = p.communicate()
         assert_nothing_left(p.pid)
-        pytest.fail(f"{script} {' '.join(script_args)}: the chaos session ran past {timeout} s\n{out[-4000:]}")
-    print(f"{script} {' '.join(script_args)}: chaos session took {time.monotonic() - started:.0f} s")
+        pytest.fail(f"{workload}: the chaos session ran past {timeout} s\n{out[-4000:]}")
+    print(f"{workload}: the chaos session took {time.monotonic() - started:.0f} s")
     (tmp_path / "session.log").write_text(out)
     print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
     assert_nothing_left(p.pid)

@@ -84,6 +84,7 @@ def train_loop(config):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
+    p.add_argument("--name", default=f"every-third-{os.getpid()}", help="the Train run's name")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--step-seconds", type=float, default=0.25)
     p.add_argument("--restore-rank0-only", action="store_true")
@@ -93,6 +94,6 @@ if __name__ == "__main__":
         train_loop_config={"epochs": a.epochs, "step_seconds": a.step_seconds,
                            "restore_rank0_only": a.restore_rank0_only},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=a.storage, name=f"every-third-{os.getpid()}",
+        run_config=RunConfig(storage_path=a.storage, name=a.name,
                              failure_config=FailureConfig(max_failures=3)),
     ).fit()

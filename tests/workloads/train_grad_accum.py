@@ -81,6 +81,7 @@ def train_loop(config):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
+    p.add_argument("--name", default=f"grad-accum-{os.getpid()}", help="the Train run's name")
     p.add_argument("--opt-steps", type=int, default=15)
     p.add_argument("--step-seconds", type=float, default=0.5, help="seconds per optimizer step")
     p.add_argument("--resume-next-step", action="store_true")
@@ -90,6 +91,6 @@ if __name__ == "__main__":
         train_loop_config={"opt_steps": a.opt_steps, "step_seconds": a.step_seconds,
                            "resume_next_step": a.resume_next_step},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=a.storage, name=f"grad-accum-{os.getpid()}",
+        run_config=RunConfig(storage_path=a.storage, name=a.name,
                              failure_config=FailureConfig(max_failures=3)),
     ).fit()

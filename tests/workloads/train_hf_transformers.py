@@ -60,7 +60,8 @@ class StepTime(TrainerCallback):
 def train_func(config):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2))
-    with tempfile.TemporaryDirectory(prefix="hf-trainer-") as output_dir:  # this worker's local scratch
+    run_name = ray.train.get_context().get_experiment_name()
+    with tempfile.TemporaryDirectory(prefix=f"{run_name}-") as output_dir:  # this worker's local scratch
         args = TrainingArguments(
             output_dir=output_dir,
             max_steps=config["max_steps"],
@@ -95,6 +96,7 @@ def train_func(config):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--storage", required=True)
+    p.add_argument("--name", default=f"hf-trainer-{os.getpid()}", help="the Train run's name")
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.4)
     p.add_argument("--ignore-checkpoint", action="store_true")
@@ -104,6 +106,6 @@ if __name__ == "__main__":
         train_loop_config={"max_steps": a.max_steps, "step_seconds": a.step_seconds,
                            "ignore_checkpoint": a.ignore_checkpoint},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=a.storage, name=f"hf-trainer-{os.getpid()}",
+        run_config=RunConfig(storage_path=a.storage, name=a.name,
                              failure_config=FailureConfig(max_failures=3)),
     ).fit()
