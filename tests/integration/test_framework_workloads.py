@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from sessions import assert_nothing_left
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "tests" / "workloads"
 SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
@@ -74,19 +76,6 @@ def _run_suite(tmp_path, workload, timeout):
     print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
     assert_nothing_left(p.pid)
     return p.returncode, out
-
-
-def assert_nothing_left(session_pid):
-    """No process of that pytest session's cluster (Ray temp dir /tmp/rc-<pid>) may survive it."""
-    marker = f"/tmp/rc-{session_pid}/"
-    left = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker in cmdline.read_bytes().decode(errors="replace"):
-                left.append(cmdline.parent.name)
-        except OSError:
-            continue
-    assert not left, f"processes of the embedded cluster left behind: {left}"
 
 
 def assert_resumed_after_checkpoint(code, out, stride):

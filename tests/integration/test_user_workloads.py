@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sessions import assert_nothing_left
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "tests" / "workloads"
 SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
@@ -25,19 +27,6 @@ def run_suite(tmp_path, workload_args, *extra, timeout=900):
     out, _ = p.communicate(timeout=timeout)
     assert_nothing_left(p.pid)
     return p.returncode, out
-
-
-def assert_nothing_left(session_pid):
-    """No process of that pytest session's cluster (Ray temp dir /tmp/rc-<pid>) may survive it."""
-    marker = f"/tmp/rc-{session_pid}/"
-    left = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker in cmdline.read_bytes().decode(errors="replace"):
-                left.append(cmdline.parent.name)
-        except OSError:
-            continue
-    assert not left, f"processes of the embedded cluster left behind: {left}"
 
 
 @pytest.mark.integration
