@@ -11,6 +11,9 @@ A record::
      "outcome": "passed" | "failed" | "broken",
      "verdicts": [{"name", "status", "diagnosis", "message", "evidence"}],
      "metrics": metrics_for(timeline, failure_config)}
+
+``metrics.checkpointing`` (step time, checkpoint interval and cost) is what
+chaos.projection needs besides the recovery times to project ETTR to a large job.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from chaos.errors import ChaosError
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS
-from chaos.timeline import Timeline, ettr, median, recovery_metrics
+from chaos.timeline import Timeline, ettr, median, recovery_metrics, runs
 
 DEFAULT_RECORDS = Path("reports/summary.d")
 DEFAULT_SUMMARY = Path("reports/summary.json")
@@ -55,6 +58,7 @@ def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
         "time_to_recover": _worst(m.time_to_recover for m in per_fault),
         "steps_lost": sum(lost) if lost else None,
         "ettr": ettr(timeline),
+        "checkpointing": checkpoint_figures(timeline),
         "charged": charged,
         "faults": [
             {
@@ -65,6 +69,38 @@ def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
             }
             for m in per_fault
         ],
+    }
+
+
+def checkpoint_figures(timeline: Timeline) -> dict:
+    """How long a step took, how often the run committed a checkpoint and what one cost.
+
+    Measured from consecutive reports of one attempt: ``step_time_s`` is the median time
+    per step of reports that committed no checkpoint; ``checkpoint_cost_s`` the median
+    extra time a checkpointing report took over that (clamped at 0: saving is never
+    faster than not saving); ``checkpoint_every_steps`` the median step distance between
+    consecutive committed checkpoints; ``checkpoint_interval_s`` that distance in compute
+    seconds (every_steps x step_time), the interval a projection starts from.  None where
+    the run did not show it (no steps, fewer than two checkpoints).
+    """
+    per_step, extra, distances = [], [], []
+    for _, events in runs(timeline):
+        reports = [e for e in events if e.kind == "report" and e.data.get("step") is not None]
+        gaps = [(prev, r) for prev, r in zip(reports, reports[1:])
+                if prev.attempt == r.attempt and r.data["step"] > prev.data["step"]]
+        per_step += [(r.t - prev.t) / (r.data["step"] - prev.data["step"]) for prev, r in gaps if not r.data.get("checkpoint")]
+        committed = sorted({r.data["step"] for r in reports if r.data.get("checkpoint")})
+        distances += [b - a for a, b in zip(committed, committed[1:])]
+        extra += [(r.t - prev.t, r.data["step"] - prev.data["step"]) for prev, r in gaps if r.data.get("checkpoint")]
+    step_time = median(per_step)
+    every = median(distances)
+    cost = median(max(0.0, gap - steps * step_time) for gap, steps in extra) if step_time is not None else None
+    return {
+        "step_time_s": step_time,
+        "checkpoint_every_steps": every,
+        "checkpoint_interval_s": every * step_time if every is not None and step_time is not None else None,
+        "checkpoint_cost_s": cost,
+        "checkpoints_measured": len(extra),
     }
 
 
