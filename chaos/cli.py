@@ -1,4 +1,4 @@
-"""`ray-chaos`: the harness's command line (report, ledger, sweep)."""
+"""`ray-chaos`: the harness's command line (report, ledger, sweep, project)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,55 @@ def _sweep(args) -> int:
     return 1 if left else 0
 
 
+def _positive(kind):
+    """argparse type: a finite number > 0 (``kind`` int or float), named in the error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not (value > 0 and value < float("inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+        return value
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _gpu_list(text: str) -> list[int]:
+    return [_positive(int)(part.strip()) for part in text.split(",") if part.strip()] or [_positive(int)(text)]
+
+
+def _project(args) -> int:
+    from chaos import projection
+
+    gpus = list(dict.fromkeys(n for group in (args.gpus or [[16384]]) for n in group))
+    if args.failure_rate is not None:
+        rate = projection.FailureRate(args.failure_rate, "--failure-rate")
+    elif args.mtbf_hours is not None:
+        rate = projection.FailureRate(1 / args.mtbf_hours, f"--mtbf-hours {args.mtbf_hours:g} (one GPU)")
+    else:
+        rate = projection.LLAMA3
+    inputs = projection.load_inputs(args.summary, interval=args.checkpoint_interval, cost=args.checkpoint_cost,
+                                    restart=args.restart_cost)
+    work = args.work_days * projection.DAY
+    rows = projection.project(inputs, gpus, rate, work=work, reps=args.reps, seed=args.seed)
+    print(projection.format_report(inputs, rows, rate, work, args.seed))
+    if args.plot:
+        sizes = sorted(set(projection.PLOT_GPUS) | set(gpus))
+        out = projection.render_plot(inputs, args.plot, sizes, rate, work=work, reps=args.reps, seed=args.seed)
+        print(f"\nplot: {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ray-chaos", description="Chaos testing for Ray Train on real Ray clusters.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -50,7 +99,37 @@ def main(argv=None) -> int:
     w = sub.add_parser("sweep", help="revert whatever a killed session left armed (from the ledger)")
     w.add_argument("--profile", default=None, help="profile of the cluster (how to reach its hosts)")
     w.add_argument("--ledger", default="reports/ledger.jsonl")
+    j = sub.add_parser("project", help="project ETTR of a large job from a session's measured recovery figures",
+                       description="Project the effective training time ratio (productive / wall time) of a large "
+                                   "job from summary.json: Young/Daly analytic and Monte-Carlo (docs/projection.md).")
+    j.add_argument("--summary", default="reports/summary.json", help="summary.json of a chaos session")
+    j.add_argument("--gpus", type=_gpu_list, action="append", metavar="N[,N...]",
+                   help="job size(s) in GPUs; repeatable or comma-separated (default 16384)")
+    rate = j.add_mutually_exclusive_group()
+    rate.add_argument("--failure-rate", type=_non_negative, metavar="PER_GPU_HOUR",
+                      help="interruptions per GPU-hour (default: Llama 3's 419 in 54 days on 16,384 GPUs)")
+    rate.add_argument("--mtbf-hours", type=_positive(float), metavar="HOURS",
+                      help="mean time between failures of one GPU, in hours (the job's is this / GPUs)")
+    j.add_argument("--checkpoint-interval", type=_positive(float), metavar="SECONDS",
+                   help="compute seconds between checkpoints (default: measured)")
+    j.add_argument("--checkpoint-cost", type=_non_negative, metavar="SECONDS",
+                   help="seconds one checkpoint adds (default: measured)")
+    j.add_argument("--restart-cost", type=_non_negative, metavar="SECONDS",
+                   help="seconds from a failure to training again (default: measured median time to recover)")
+    j.add_argument("--work-days", type=_positive(float), default=30.0,
+                   help="productive work of the simulated job, in days (default 30)")
+    j.add_argument("--reps", type=_positive(int), default=400, help="simulated jobs per point (default 400)")
+    j.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
+    j.add_argument("--plot", metavar="PATH", help="also draw ETTR against checkpoint interval to PATH (PNG)")
     args = p.parse_args(argv)
+    if args.cmd == "project":
+        from chaos.errors import ChaosError
+
+        try:
+            return _project(args)
+        except ChaosError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.cmd == "sweep":
         from chaos.errors import ChaosError
 
