@@ -358,3 +358,15 @@ def test_attach_refuses_an_empty_session(tmp_path):
     with pytest.raises(ChaosError, match="nothing measured to project from"):
         projection.attach(tmp_path / "results", tmp_path / "summary.json")
     assert not (tmp_path / "results").exists()
+
+
+def test_report_generation_adds_the_projection_or_says_why_not(tmp_path, capsys):
+    """What `make report` runs (chaos.allure_site with a summary) before calling Allure."""
+    from chaos import allure_site
+
+    results = tmp_path / "allure-results"
+    allure_site._attach_projection(results, write_session(tmp_path))
+    assert [json.loads(p.read_text())["name"] for p in results.glob("*-result.json")] == ["ETTR projection"]
+    (tmp_path / "empty.json").write_text(json.dumps({"run": {}, "records": []}))
+    allure_site._attach_projection(tmp_path / "other-results", tmp_path / "empty.json")
+    assert "ETTR projection left out of the report: nothing measured to project from" in capsys.readouterr().err
