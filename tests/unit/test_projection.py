@@ -262,16 +262,17 @@ def test_cli_on_a_session_summary(tmp_path):
         assert lo - 5e-5 <= d <= hi + 5e-5
 
 
-def test_cli_several_sizes_override_and_plot(tmp_path):
+def test_cli_several_sizes_override_and_plot(tmp_path, capsys):
+    """In-process (the subprocess test above covers the console script): matplotlib is slow to import."""
     path = write_session(tmp_path)
     png = tmp_path / "ettr.png"
-    proc = run_cli("--summary", str(path), "--gpus", "1024,4096", "--gpus", "16384", "--mtbf-hours", "50000",
-                   "--checkpoint-cost", "120", "--reps", "100", "--plot", str(png))
-    assert proc.returncode == 0, proc.stderr
-    rows = table_rows(proc.stdout)
+    assert cli.main(["project", "--summary", str(path), "--gpus", "1024,4096", "--gpus", "16384", "--mtbf-hours",
+                     "50000", "--checkpoint-cost", "120", "--reps", "50", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
     assert {g for g, _ in rows} == {1024, 4096, 16384}
-    assert re.search(r"checkpoint cost C +2.0 min +--checkpoint-cost", proc.stdout)
-    assert "--mtbf-hours 50000 (one GPU)" in proc.stdout
+    assert re.search(r"checkpoint cost C +2.0 min +--checkpoint-cost", out)
+    assert "--mtbf-hours 50000 (one GPU)" in out and f"plot: {png}" in out
     for gpus in (1024, 4096, 16384):
         M = 50000 * 3600 / gpus
         assert rows[(gpus, "current interval")][2] == pytest.approx(ettr_daly(10, 120, 30, M), abs=5e-5)
