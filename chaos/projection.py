@@ -250,11 +250,14 @@ def load_inputs(path: str | os.PathLike, interval: float | None = None, cost: fl
     step_time = _median(_numbers(path, "step_time_s", (s.get("step_time_s") for s in steps)))
     every = _median(_numbers(path, "checkpoint_every_steps", (s.get("checkpoint_every_steps") for s in steps)))
     tests = len({r.get("test") for r in records if _faults(r)})
+    tau = _figure(path, steps, "checkpoint_interval_s", interval, "--checkpoint-interval")
+    if tau.value <= 0:
+        raise ChaosError(f"{tau.source}: a checkpoint interval of {tau.value!r} s leaves no time to train")
     where = f"{path}: median of"
     return Inputs(
         restart=(Measured(restart, "--restart-cost") if restart is not None else
                  Measured(statistics.median(recover), f"{where} {len(recover)} fault(s), time to recover")),
-        interval=_figure(path, steps, "checkpoint_interval_s", interval, "--checkpoint-interval"),
+        interval=tau,
         cost=_figure(path, steps, "checkpoint_cost_s", cost, "--checkpoint-cost"),
         faults=len(recover),
         tests=tests,
