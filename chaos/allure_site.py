@@ -195,7 +195,7 @@ def write_metrics(results_dir: str | os.PathLike, run_summary: Mapping) -> Path:
     return path
 
 
-def _attach_projection(results: Path, summary_file: str | os.PathLike) -> None:
+def attach_projection(results: Path, summary_file: str | os.PathLike) -> None:
     """The ETTR projection (chaos.projection) as a result of its own; a summary with nothing
     to project from (no recovered fault, no checkpoint figures) leaves it out, and says so."""
     from chaos import projection
@@ -277,7 +277,7 @@ def generate(
     if summary_file is not None:
         write_metrics(results, json.loads(Path(summary_file).read_text())["run"])
         if projection:
-            _attach_projection(results, summary_file)
+            attach_projection(results, summary_file)
     history.parent.mkdir(parents=True, exist_ok=True)
     report.parent.mkdir(parents=True, exist_ok=True)
 

@@ -366,8 +366,8 @@ def test_report_generation_adds_the_projection_or_says_why_not(tmp_path, capsys)
     from chaos import allure_site
 
     results = tmp_path / "allure-results"
-    allure_site._attach_projection(results, write_session(tmp_path))
+    allure_site.attach_projection(results, write_session(tmp_path))
     assert [json.loads(p.read_text())["name"] for p in results.glob("*-result.json")] == ["ETTR projection"]
     (tmp_path / "empty.json").write_text(json.dumps({"run": {}, "records": []}))
-    allure_site._attach_projection(tmp_path / "other-results", tmp_path / "empty.json")
+    allure_site.attach_projection(tmp_path / "other-results", tmp_path / "empty.json")
     assert "ETTR projection left out of the report: nothing measured to project from" in capsys.readouterr().err
