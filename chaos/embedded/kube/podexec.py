@@ -68,6 +68,8 @@ def parse(request: web.Request, pod: dict) -> ExecRequest:
     argv = query.getall("command", [])
     if not argv:
         raise bad_request("you must specify at least 1 command")
+    if not pod["spec"].get("nodeName"):
+        raise bad_request(f"pod {pod['metadata']['name']} does not have a host assigned")
     containers = [c["name"] for c in pod["spec"]["containers"]]
     container = query.get("container") or containers[0]
     if container not in containers:
