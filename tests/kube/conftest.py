@@ -1,38 +1,20 @@
 """Fixtures for the emulated API server's fidelity tests: a server whose pods are local
-processes, objects to put in it, and kubectl runs with a fresh HOME and kubeconfig."""
+processes, and kubectl runs with a fresh HOME and kubeconfig (helpers: kube_helpers.py)."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from chaos.embedded.kube import ApiServer, write_kubeconfig
-from chaos.embedded.kube.resources import NODES, PODS, prepare_new
+from chaos.embedded.kube import ApiServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from kube_helpers import Kubectl, bundled_kubectl, make_kubectl  # noqa: E402
 from local_kubelet import LocalProcesses  # noqa: E402
-
-# A container that exits at once on SIGTERM, and one that ignores it (only SIGKILL stops it).
-# Each prints a line once ready (the local kubelet's readiness probe).
-SLEEPER = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(3600)"]
-TERM_IGNORER = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "print('ready', flush=True); time.sleep(3600)"]
-OWNER = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "rc", "uid": "rc-uid", "controller": True}
-
-
-def wait_for(server: ApiServer, check: Callable[[], object], what: str, timeout: float = 15.0,
-             seen: Callable[[], object] | None = None) -> None:
-    """Wait (on the store's change condition) until ``check()`` is truthy; fail saying what was seen."""
-    if not server.store.wait(lambda: bool(check()), timeout):
-        observed = seen() if seen else check()
-        pytest.fail(f"waited {timeout}s for {what}; saw {observed!r}")
 
 
 @pytest.fixture
@@ -48,75 +30,6 @@ def server(kubelet):
         yield api
 
 
-def add_node(server: ApiServer, name: str, labels: dict | None = None) -> dict:
-    return server.store.create(NODES.plural, prepare_new(NODES, {"metadata": {"name": name, "labels": labels or {}},
-                                                                 "status": {}}, None))
-
-
-def add_pod(server: ApiServer, name: str, node: str | None, labels: dict | None = None,
-            command: list[str] | None = None, grace: int = 30, namespace: str = "default") -> dict:
-    pod = {"metadata": {"name": name, "labels": labels or {}, "ownerReferences": [OWNER]},
-           "spec": {"containers": [{"name": "ray", "image": "rayproject/ray", "command": command or SLEEPER}],
-                    "terminationGracePeriodSeconds": grace, **({"nodeName": node} if node else {})}}
-    created = server.pods.create(prepare_new(PODS, pod, namespace))
-    if node:
-        wait_for(server, lambda: pod_ready(server, name, namespace), f"pod {name} Ready",
-                 seen=lambda: server.store.get(PODS.plural, namespace, name))
-    return created
-
-
-def pod_phase(server: ApiServer, name: str, namespace: str = "default") -> str | None:
-    pod = server.store.get(PODS.plural, namespace, name)
-    return pod["status"].get("phase") if pod else None
-
-
-def pod_ready(server: ApiServer, name: str, namespace: str = "default") -> bool:
-    pod = server.store.get(PODS.plural, namespace, name)
-    conditions = pod["status"].get("conditions", []) if pod else []
-    return {"type": "Ready", "status": "True"} in conditions
-
-
-def pod_gone(server: ApiServer, name: str, namespace: str = "default") -> bool:
-    return server.store.get(PODS.plural, namespace, name) is None
-
-
-def bundled_kubectl(minor: int) -> Path:
-    """The gcloud package's kubectl.1.<minor> beside the dispatcher, or skip saying why."""
-    dispatcher = shutil.which("kubectl")
-    if dispatcher is None:
-        pytest.skip("kubectl not on this machine: no kubectl on PATH (the gcloud kubectl package provides it)")
-    binary = Path(dispatcher).resolve().parent / f"kubectl.1.{minor}"
-    if not binary.exists():
-        pytest.skip(f"kubectl not on this machine: {binary} is missing (gcloud kubectl package bundles 1.27-1.33)")
-    return binary
-
-
-@dataclass
-class Kubectl:
-    binary: str
-    home: Path
-    kubeconfig: Path
-
-    def env(self) -> dict[str, str]:
-        return {"HOME": str(self.home), "KUBECONFIG": str(self.kubeconfig), "PATH": "/usr/bin:/bin"}
-
-    def run(self, *args: str, timeout: float = 30, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([self.binary, *args], env=self.env(), input=stdin, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def start(self, *args: str, log: Path) -> subprocess.Popen:
-        """A long-running kubectl (``get -w``, a blocking delete); the caller stops it by PID."""
-        out = open(log, "w")
-        return subprocess.Popen([self.binary, *args], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                text=True)
-
-
-def make_kubectl(binary: str | Path, server: ApiServer, tmp_path: Path, name: str) -> Kubectl:
-    home = tmp_path / f"home-{name}"
-    home.mkdir()
-    return Kubectl(str(binary), home, write_kubeconfig(tmp_path / f"kubeconfig-{name}", server.url))
-
-
 @pytest.fixture
 def kubectl(server, tmp_path) -> Kubectl:
     """kubectl 1.33 (WebSocket exec), called directly."""
@@ -128,3 +41,4 @@ def dispatched_kubectl(server, tmp_path) -> Kubectl:
     """/usr/bin/kubectl, the dispatcher that picks the bundled kubectl by the server's /version."""
     bundled_kubectl(33)
     return make_kubectl(shutil.which("kubectl"), server, tmp_path, "dispatcher")
+

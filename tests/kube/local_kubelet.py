@@ -107,7 +107,8 @@ class LocalProcesses(PodLifecycle):
         self._stop(pod["metadata"]["uid"], grace_seconds)
 
     def pod_removed(self, pod: dict) -> None:
-        self._stop(pod["metadata"]["uid"], max(KUBELET_MIN_GRACE_S, pod["metadata"].get("deletionGracePeriodSeconds", 0)))
+        grace = pod["metadata"].get("deletionGracePeriodSeconds", 0)
+        self._stop(pod["metadata"]["uid"], max(KUBELET_MIN_GRACE_S, grace))
 
     async def exec(self, pod: dict, container: str, argv: Sequence[str], stdin: bool, tty: bool) -> ExecProcess:
         proc = await asyncio.create_subprocess_exec(

@@ -13,7 +13,7 @@ import pytest
 
 from chaos.embedded.kube import ApiServer, DisruptionBudget
 from chaos.embedded.kube.resources import NODES, PODS
-from conftest import (TERM_IGNORER, LocalProcesses, add_node, add_pod, bundled_kubectl, make_kubectl, pod_gone,
+from kube_helpers import (TERM_IGNORER, add_node, add_pod, bundled_kubectl, make_kubectl, pod_gone,
                       pod_phase, wait_for)
 
 WORKER = {"ray.io/cluster": "rc", "ray.io/node-type": "worker", "ray.io/group": "g"}

@@ -13,7 +13,7 @@ from kubernetes.stream.ws_client import V4_CHANNEL_PROTOCOL
 
 from chaos.embedded.kube import ApiServer, DisruptionBudget, Rbac, Rule
 from chaos.embedded.kube.resources import NODES, PODS
-from conftest import TERM_IGNORER, add_node, add_pod, pod_gone, wait_for
+from kube_helpers import TERM_IGNORER, add_node, add_pod, pod_gone, wait_for
 
 WORKER = {"ray.io/cluster": "rc", "ray.io/node-type": "worker"}
 
@@ -246,7 +246,8 @@ def test_rbac_refusal_names_the_missing_permission(kubelet):
             'pods "w" is forbidden: User "system:serviceaccount:ray:harness" cannot delete resource "pods" '
             'in API group "" in the namespace "default"')
         with pytest.raises(ApiException) as evict:
-            api.create_namespaced_pod_eviction("w", "default", client.V1Eviction(metadata=client.V1ObjectMeta(name="w")))
+            api.create_namespaced_pod_eviction("w", "default",
+                                               client.V1Eviction(metadata=client.V1ObjectMeta(name="w")))
         assert 'cannot create resource "pods/eviction"' in status_of(evict.value)["message"]
         with pytest.raises(ApiException) as patch:
             api.patch_node("n1", {"spec": {"unschedulable": True}})

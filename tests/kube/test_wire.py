@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from chaos.embedded.kube import ApiServer
-from chaos.embedded.kube.resources import NODES, PODS
-from conftest import add_node, add_pod, pod_gone, wait_for
+from chaos.embedded.kube.resources import PODS
+from kube_helpers import add_node, add_pod, pod_gone, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

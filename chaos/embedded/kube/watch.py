@@ -44,7 +44,8 @@ def _visible(event: Event, matches: Callable[[dict], bool]) -> dict | None:
     return {"type": kind, "object": event.obj} if kind else None
 
 
-async def stream(request: web.Request, store: Store, watch: WatchRequest, bookmark_interval_s: float) -> web.StreamResponse:
+async def stream(request: web.Request, store: Store, watch: WatchRequest,
+                 bookmark_interval_s: float) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"})
     response.enable_chunked_encoding()
