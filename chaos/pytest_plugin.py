@@ -192,6 +192,7 @@ class Expect:
     budget_exhausted: bool = False
     slo_detect_s: float | None = None
     slo_recover_s: float | None = None
+    checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
 
 
 @dataclasses.dataclass
@@ -231,9 +232,10 @@ class Chaos:
         return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
 
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
-               slo_detect_s: float | None = None, slo_recover_s: float | None = None) -> Expect:
+               slo_detect_s: float | None = None, slo_recover_s: float | None = None,
+               checkpoint_in_window: bool | None = None) -> Expect:
         """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``."""
-        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s)
+        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window)
 
     def _expectation(self, expect: Expect, faults: list) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
@@ -249,7 +251,8 @@ class Chaos:
         detect = expect.slo_detect_s if expect.slo_detect_s is not None else min(d for d, _ in slos)
         recover = expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos)
         return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
-                           slo_detect_s=detect, slo_recover_s=recover)
+                           slo_detect_s=detect, slo_recover_s=recover,
+                           checkpoint_in_window=expect.checkpoint_in_window)
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what

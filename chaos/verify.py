@@ -61,6 +61,9 @@ class Expectation:
     budget_exhausted: bool = False
     slo_detect_s: float | None = None
     slo_recover_s: float | None = None
+    # A preempted run must (True) or must not (False) commit a checkpoint between the notice
+    # and the node's end; None: the preemption verdict only reports what happened.
+    checkpoint_in_window: bool | None = None
 
 
 # -- resumed-from-latest -------------------------------------------------------------
@@ -563,13 +566,44 @@ def healed(nodes_ok: bool, nodes_detail: str, armed: list[dict], resources_ok: b
 
 
 # -- all of it -------------------------------------------------------------------------
+def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
+    """Per preemption: when Ray was told, the deadline, when the node went, and whether a
+    checkpoint was committed inside that window (checked when the suite says it must be)."""
+    out = []
+    for i, notice in enumerate(timeline.of("preemption_notice"), 1):
+        d = notice.data
+        gone = timeline.first("node_dead", after=notice.t, where=lambda e: e.data.get("node_id") == d["node_id"])
+        end = gone.t if gone is not None else d["deadline"]
+        commits = [r for r in timeline.of("report") if r.data.get("checkpoint") and notice.t <= r.t <= end]
+        steps = sorted({s for r in commits for s in steps_of(r).values()})
+        evidence = {"notice_t": notice.t, "deadline_t": d["deadline"], "window_s": d["window_s"], "via": d["via"],
+                    "node_gone_t": gone.t if gone else None, "node_gone_after_s": gone.t - notice.t if gone else None,
+                    "death_reason": gone.data.get("death_reason") if gone else None, "checkpoint_steps": steps,
+                    "checkpoints_at_s": [round(r.t - notice.t, 3) for r in commits]}
+        when = (f"notice at +0 s ({d['via']}), deadline +{d['window_s']:.1f} s, node gone "
+                + (f"+{gone.t - notice.t:.1f} s" if gone else "not seen"))
+        inside = (f"checkpoint committed inside the window at step {', '.join(map(str, steps))} "
+                  f"(+{', +'.join(f'{x:.1f}' for x in evidence['checkpoints_at_s'])} s)" if commits
+                  else "no checkpoint committed inside the window")
+        name = f"preemption-window (preemption {i})"
+        want = expect.checkpoint_in_window
+        if want is None:
+            out.append(Verdict(name, "n/a", f"{when}; {inside} (not required either way)", evidence=evidence))
+        elif bool(commits) == want:
+            out.append(Verdict(name, "pass", f"{when}; {inside}", evidence=evidence))
+        else:
+            diagnosis = "no just-in-time checkpoint" if want else "checkpoint inside the preemption window"
+            out.append(Verdict(name, "fail", f"{diagnosis}: {when}; {inside}", diagnosis, evidence))
+    return out
+
+
 def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True) -> list[Verdict]:
     """Every verdict; for a run stopped because it stalled (``finished=False``), only the
     restarts it made — the stall itself is the finding about how it ended."""
     if not finished:
         return [*resumed_from_latest(timeline), *state_restored(timeline)]
     return [*resumed_from_latest(timeline), *state_restored(timeline), within_budget(timeline, expect),
-            *recovery_time(timeline, expect), run_finished(timeline, expect)]
+            *recovery_time(timeline, expect), *preemption_window(timeline, expect), run_finished(timeline, expect)]
 
 
 def check(verdicts: list[Verdict], unverifiable: str = "fail") -> None:

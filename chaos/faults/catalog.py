@@ -51,6 +51,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("node-reboot", "worker_group", impl="chaos.faults.reboot.NodeReboot"),
     FaultKind("partition", "worker_group", impl="chaos.faults.partition.Partition"),
     FaultKind("cuda", "worker_group", impl="chaos.faults.cuda.CudaFault"),
+    FaultKind("preempt", "preemption", impl="chaos.faults.preempt.Preempt"),
     FaultKind("node-replace", "worker_group"),
     FaultKind("drain", "preemption"),
     FaultKind("xid", None),

@@ -2,7 +2,8 @@
 
 Written like a careful user's script: it resumes from ``ray.train.get_checkpoint()``,
 reports a ``step`` metric every step, and commits a checkpoint every
-``--checkpoint-every`` steps from rank 0.  Step s's checkpoint holds the state after
+``--checkpoint-every`` steps from rank 0 — and, with ``--checkpoint-on-preemption 1``, at
+once when ``ray.train.get_preemption_info()`` says a node is being preempted.  Step s's checkpoint holds the state after
 step s, so a correct resume reports step s + 1 first.
 
 ``--device stub-cuda`` makes every training step also go through the CUDA driver API
@@ -64,6 +65,7 @@ def train_loop(config: dict) -> None:
 
         driver = DriverClient()
 
+    noticed = False  # a preemption notice was answered with a just-in-time checkpoint
     for step in range(start + 1, config["steps"] + 1):
         gen = torch.Generator().manual_seed(config["seed"] * 1_000_003 + step * 1000 + rank)
         x = torch.randn(64, 16, generator=gen).to(device)
@@ -76,7 +78,12 @@ def train_loop(config: dict) -> None:
             _device_step(driver)
         time.sleep(config["step_time"])  # stands in for the rest of a real step's compute
         metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time()}
-        if step % config["checkpoint_every"] == 0 and rank == 0:
+        # Every rank asks (the call is a barrier that agrees on one answer across ranks).
+        jit = config["checkpoint_on_preemption"] and not noticed and ray.train.get_preemption_info() is not None
+        if jit:
+            noticed = True
+            print(f"rank {rank}: preemption notice at step {step}: checkpointing now", flush=True)
+        if (jit or step % config["checkpoint_every"] == 0) and rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 inner = model.module if hasattr(model, "module") else model
                 torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
@@ -98,6 +105,8 @@ def main(argv=None) -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--device", choices=["cpu", "stub-cuda", "cuda"], default="cpu")
     p.add_argument("--seed", type=int, default=0, help="model init and data (the run is deterministic per seed)")
+    p.add_argument("--checkpoint-on-preemption", type=int, choices=[0, 1], default=0,
+                   help="1: checkpoint at once when Train says a node is being preempted")
     args = p.parse_args(argv)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -111,7 +120,8 @@ def main(argv=None) -> None:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
-                           "step_time": args.step_time, "device": args.device, "seed": args.seed},
+                           "step_time": args.step_time, "device": args.device, "seed": args.seed,
+                           "checkpoint_on_preemption": bool(args.checkpoint_on_preemption)},
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda"),
         torch_config=torch_config,
         run_config=RunConfig(

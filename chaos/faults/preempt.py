@@ -1,0 +1,172 @@
+"""Preemption: the node is taken away with notice, as a spot reclaim or a KubeRay pod
+deletion does.  Ray drains it with reason PREEMPTION, Train tells the workers
+(``ray.train.get_preemption_info()``), and the restart is charged to
+``max_preemption_failures``, not ``max_failures``.
+
+Two ways in, as the platforms do it:
+
+- ``drain`` (default): Ray's own drain request (``ray drain-node``, reason PREEMPTION,
+  with a deadline), as autoscaler v2 sends it for a spot reclaim; Ray does not kill the
+  node at the deadline, so this fault does, by SIGKILLing the node's raylet — the
+  instance going away.
+- ``sigterm``: SIGTERM to the node's ``ray start --block``, as a pod deletion delivers
+  it.  Ray ≥ 2.57 drains the node for up to ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``
+  (read from that process's environment) and then shuts it down itself;
+  ``kill_after_s`` SIGKILLs it earlier, as a kubelet does after a grace period shorter
+  than that window.
+
+Measured on Ray 2.60: a node SIGKILLed while draining dies "Terminated due to
+preemption", its workers' deaths are flagged preempted, and the restart is charged to
+``max_preemption_failures``.  When Ray's own drain window ends it instead, the raylet
+exits as an expected termination, so the charge depends on whether Train's controller
+checks the preemption deadline before it sees the dead worker: a race (seen charged to
+``max_failures``).  The suites use the two deterministic paths.
+
+The notice (when Ray was told, and the deadline) is a ``preemption_notice`` event, so
+the verdicts can say whether a checkpoint was committed inside the window.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ray
+
+from chaos.errors import InjectionError
+from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
+
+# Ray 2.57 drains a node on SIGTERM to `ray start --block`; 2.58 charges a preempted
+# node's failure to max_preemption_failures.  Older Rays would charge max_failures.
+MIN_RAY = (2, 58)
+RAY_DEFAULT_DRAIN_WINDOW_S = 30.0
+
+# SIGTERM to the `ray start --block` that owns the node's raylet (found by its exact node
+# id, never by name); prints that PID and its drain window setting.
+SIGTERM_RAY_START = r"""
+id={node_id}
+for d in /proc/[0-9]*; do
+  cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
+  case "$cmd" in */raylet/raylet\ *"--node_id=$id"*)
+    ppid=$(awk '/^PPid:/ {{print $2}}' "$d/status")
+    parent=$(tr '\0' ' ' < "/proc/$ppid/cmdline" 2>/dev/null)
+    case "$parent" in *" start "*"--block"*) ;;
+      *) echo "the raylet of node $id (pid ${{d#/proc/}}) was not started by 'ray start --block' (parent $ppid: $parent)" >&2; exit 4;;
+    esac
+    window=$(tr '\0' '\n' < "/proc/$ppid/environ" 2>/dev/null | sed -n 's/^RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=//p')
+    kill -TERM "$ppid" && echo "$ppid ${{window:-default}}"; exit 0;;
+  esac
+done
+echo "no raylet with --node_id=$id on $(hostname)" >&2; exit 3
+"""
+
+
+def ray_version() -> tuple[int, int]:
+    major, minor = ray.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+class Preempt(Fault):
+    kind = "preempt"
+    METHODS = ("sigterm", "drain")
+
+    def __init__(self, rank: int = 1, via: str = "drain", deadline_s: float = 8.0, kill_after_s: float | None = None):
+        if via not in self.METHODS:
+            raise ValueError(f"preempt via={via!r} unknown; expected one of {self.METHODS}")
+        if ray_version() < MIN_RAY:
+            raise InjectionError(
+                f"preempt needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]} (SIGTERM drain since 2.57, the preemption "
+                f"budget since 2.58); this harness runs Ray {ray.__version__}, whose preemptions would be "
+                "charged to max_failures")
+        if deadline_s <= 0:
+            raise ValueError(f"preempt deadline_s must be > 0, got {deadline_s}")
+        if kill_after_s is not None and (via != "sigterm" or kill_after_s <= 0):
+            raise ValueError("preempt kill_after_s is the SIGKILL after the SIGTERM (via='sigterm'), > 0 seconds; "
+                             f"got via={via!r}, kill_after_s={kill_after_s}")
+        self.rank = rank
+        self.via = via
+        self.deadline_s = deadline_s  # the drain request's deadline (via="drain")
+        # via="sigterm": the platform's SIGKILL after its grace period (a pod's
+        # terminationGracePeriodSeconds); None = Ray's drain window ends it.
+        self.kill_after_s = kill_after_s
+
+    def describe(self) -> str:
+        if self.via == "sigterm":
+            end = f", SIGKILL after {self.kill_after_s:g} s" if self.kill_after_s else ""
+            return f"preemption of the node hosting rank {self.rank} (SIGTERM to ray start, Ray drains it{end})"
+        return f"preemption of the node hosting rank {self.rank} (drain request, node killed after {self.deadline_s:g} s)"
+
+    def resolve(self, ctx: FaultContext) -> Target:
+        return placement_target(ctx, self.rank)
+
+    def detect_timeout(self, base_s: float) -> float:
+        # The node dies only when the drain window ends.
+        return base_s + max(self.deadline_s, RAY_DEFAULT_DRAIN_WINDOW_S)
+
+    def inject(self, ctx: FaultContext, inj: Injection) -> dict:
+        return self._sigterm(ctx, inj) if self.via == "sigterm" else self._drain(ctx, inj)
+
+    def _sigterm(self, ctx: FaultContext, inj: Injection) -> dict:
+        transport = inj.host.transport
+        t = time.time()
+        result = transport.run(SIGTERM_RAY_START.format(node_id=shlex.quote(inj.target.node_id)), timeout=20)
+        if not result.ok:
+            raise InjectionError(f"SIGTERM to ray start of node {inj.target.node_id[:8]} on {transport.host} failed: "
+                                 f"exit {result.exit_code}: {result.stderr.strip()}")
+        pid, window = result.stdout.split()[:2]
+        window_s = RAY_DEFAULT_DRAIN_WINDOW_S if window == "default" else float(window)
+        if window_s <= 0:
+            raise InjectionError(f"node {inj.target.node_id[:8]} runs with RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="
+                                 f"{window}: Ray does not drain it on SIGTERM, so this is no preemption")
+        if self.kill_after_s is None or self.kill_after_s >= window_s:
+            self._notice(ctx, inj, t, window_s)
+            return {"via": "sigterm", "ray_start_pid": int(pid), "window_s": window_s}
+        self._notice(ctx, inj, t, self.kill_after_s)
+        details = self._kill_at(inj, t + self.kill_after_s)
+        return {"via": "sigterm", "ray_start_pid": int(pid), "window_s": window_s, **details}
+
+    def _drain(self, ctx: FaultContext, inj: Injection) -> dict:
+        node = inj.target.node_id
+        t = time.time()
+        cmd = [_ray_cli(), "drain-node", f"--address={ctx.cluster.gcs_address}", f"--node-id={node}",
+               "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=chaos: preemption",
+               f"--deadline-remaining-seconds={int(round(self.deadline_s))}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise InjectionError(f"ray drain-node for node {node[:8]} failed (exit {done.returncode}): "
+                                 f"{(done.stderr or done.stdout).strip()[-500:]}")
+        self._notice(ctx, inj, t, self.deadline_s)
+        return {"via": "drain", "deadline_s": self.deadline_s, **self._kill_at(inj, t + self.deadline_s)}
+
+    def _kill_at(self, inj: Injection, when: float) -> dict:
+        """The instance goes away at ``when`` (Ray leaves that to whoever asked for the drain;
+        a kubelet SIGKILLs after the grace period): the fault's own schedule, not a wait
+        for something to happen."""
+        time.sleep(max(0.0, when - time.time()))
+        node, transport = inj.target.node_id, inj.host.transport
+        killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node)), timeout=20)
+        if killed.exit_code == 3:  # the node had ended the drain by itself (it went idle)
+            return {"raylet_pid": None, "at_deadline": "the node had shut down already"}
+        if not killed.ok:
+            raise InjectionError(f"node {node[:8]} could not be killed at its deadline on {transport.host}: "
+                                 f"exit {killed.exit_code}: {killed.stderr.strip()}")
+        return {"raylet_pid": int(killed.stdout.split()[0]), "killed_at_s": round(time.time() - when, 3)}
+
+    def _notice(self, ctx: FaultContext, inj: Injection, t: float, window_s: float) -> None:
+        inj.evidence.update(notice_t=t, deadline_t=t + window_s, window_s=window_s)
+        ctx.timeline.emit("fault", "preemption_notice", t=t, node_id=inj.target.node_id, ledger_id=inj.ledger_id,
+                          via=self.via, window_s=window_s, deadline=t + window_s)
+
+
+def _ray_cli() -> str:
+    """The `ray` command of this interpreter (the cluster's Ray version, as the driver's must be)."""
+    path = Path(sys.executable).with_name("ray")
+    found = str(path) if path.exists() else shutil.which("ray")
+    if not found:
+        raise InjectionError("the `ray` command was not found next to this Python or on PATH (needed for drain-node)")
+    return found
