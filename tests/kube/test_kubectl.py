@@ -161,7 +161,9 @@ def test_drain_reports_a_disruption_budget_refusal(kubelet, tmp_path):
         assert "deletionTimestamp" not in server.store.get(PODS.plural, "default", "a")["metadata"]
 
 
-def test_exec_exit_code_and_stream_separation(server, kubectl):
+@pytest.mark.parametrize("which", ["kubectl", "dispatched_kubectl"])
+def test_exec_exit_code_and_stream_separation(server, which, request):
+    kubectl = request.getfixturevalue(which)
     add_node(server, "n1")
     add_pod(server, "w", "n1", WORKER)
     failed = kubectl.run("exec", "w", "--", "sh", "-c", "echo out; echo err >&2; exit 3")

@@ -110,10 +110,8 @@ def strategic_merge_patch(target: Any, patch: Any, path: str = "") -> Any:
 def apply_patch(content_type: str, target: dict, patch: Any) -> dict:
     """``target`` patched as ``content_type`` says; 415 for JSON patch and apply patches."""
     media = content_type.split(";")[0].strip().lower()
+    if media not in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
+        raise unsupported_media_type(media)
     if not isinstance(patch, dict):
         raise bad_request("the patch body must be a JSON object")
-    if media == MERGE_PATCH:
-        return merge_patch(target, patch)
-    if media == STRATEGIC_MERGE_PATCH:
-        return strategic_merge_patch(target, patch)
-    raise unsupported_media_type(media)
+    return merge_patch(target, patch) if media == MERGE_PATCH else strategic_merge_patch(target, patch)

@@ -133,34 +133,29 @@ class Rest:
             command = podexec.parse(request, pod)
             return await podexec.serve(request, pod, command, self.lifecycle, podexec.check_upgrade(request))
         verb = _VERBS.get(method)
-        if verb is None:
-            raise method_not_allowed(method, target.resource.plural)
         if target.name is None and method == "GET":
             verb = "watch" if parse_bool(query, "watch") else "list"
-        if verb not in target.resource.verbs and not target.sub:
-            raise method_not_allowed(verb, target.resource.plural)
+        sub = target.resource.subresources.get(target.sub, {})
+        allowed = sub["verbs"] if target.sub else target.resource.verbs
+        full = f"{target.resource.plural}/{target.sub}" if target.sub else target.resource.plural
+        if verb is None or verb not in allowed or (target.name is None and verb not in ("list", "watch", "create")):
+            raise method_not_allowed(verb or method, full)
         self._authorize(verb, target)
         if target.sub == "log":
             raise bad_request("container logs are not emulated by this API server")
         if verb in ("list", "watch"):
             return await self._collection(request, target, verb)
         if target.name is None:
-            if verb != "create":
-                raise method_not_allowed(verb, target.resource.plural)
             return json_response(self._create(target, await read_body(request)), 201)
         if verb == "get":
             return json_response(self.store.require(target.resource.plural, target.namespace, target.name))
         if target.sub == "eviction":
-            if verb != "create":
-                raise method_not_allowed(verb, "pods/eviction")
-            return json_response(self.evictions.evict(target.namespace, target.name, await read_body(request) or {}),
-                                 201)
+            body = await read_body(request) or {}
+            return json_response(self.evictions.evict(target.namespace, target.name, body), 201)
         if verb == "delete":
             return json_response(self._delete(target, await read_body(request) or {}, query))
-        if verb in ("patch", "update"):
-            return json_response(self._write(target, verb, request.headers.get("Content-Type", ""),
-                                             await read_body(request)))
-        raise method_not_allowed(verb, target.resource.plural)
+        return json_response(self._write(target, verb, request.headers.get("Content-Type", ""),
+                                         await read_body(request)))
 
     def _authorize(self, verb: str, target: Target) -> None:
         if self.rbac is not None:
@@ -198,7 +193,7 @@ class Rest:
                               "metadata": {"resourceVersion": str(rv)}, "items": selected})
 
     def _create(self, target: Target, body: Any) -> dict:
-        if target.sub or not isinstance(body, dict):
+        if not isinstance(body, dict):
             raise bad_request(f"the body of a create must be a {target.resource.kind} object")
         if target.resource.namespaced and self.store.get(NAMESPACES.plural, None, target.namespace) is None:
             raise not_found(NAMESPACES.plural, target.namespace)
@@ -221,9 +216,6 @@ class Rest:
 
     def _write(self, target: Target, verb: str, content_type: str, body: Any) -> dict:
         resource = target.resource
-        if target.sub not in ("", "status"):
-            raise method_not_allowed(verb, f"{resource.plural}/{target.sub}")
-
         def change(old: dict) -> dict | None:
             if verb == "patch":
                 new = apply_patch(content_type, old, body)
