@@ -85,15 +85,20 @@ def test_watch_live_events_and_bookmarks(server):
             if event["type"] == "DELETED":
                 w.stop()
 
-    def wait_event(kind: str) -> None:
+    def wait_event(kind: str, after: str | None = None) -> None:
+        """Until a ``kind`` event arrived (later than the first ``after`` event, if given)."""
+        def arrived_in_order() -> bool:
+            kinds = [t for t, _ in events]
+            start = kinds.index(after) + 1 if after in kinds else 0 if after is None else len(kinds)
+            return kind in kinds[start:]
         with arrived:
-            assert arrived.wait_for(lambda: any(t == kind for t, _ in events), 10), f"no {kind} in {events}"
+            assert arrived.wait_for(arrived_in_order, 10), f"no {kind} after {after} in {events}"
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     wait_for(server, lambda: server.store.watching(NODES.plural) >= 1, "the Python watch to open")
     api.patch_node("n1", {"metadata": {"labels": {"a": "b"}}})
-    wait_event("BOOKMARK")  # the server sends one every 0.3 s
+    wait_event("BOOKMARK", after="MODIFIED")  # the server sends one every 0.3 s
     assert w.resource_version == str(server.store.resource_version)  # client >= 36 takes it from bookmarks
     api.delete_node("n1")
     wait_event("DELETED")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.embedded.kube import ApiServer
+from chaos.embedded.kube import ApiServer, DisruptionBudget
 from chaos.embedded.kube.resources import PODS
 from kube_helpers import add_node, add_pod, pod_gone, wait_for
 
@@ -43,6 +43,30 @@ def test_watch_flag_parsed_like_go_parsebool(server, flag):
     add_node(server, "n1")
     code, events = call(server, "GET", f"/api/v1/nodes?watch={flag}&timeoutSeconds=1")
     assert code == 200 and [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "n1")]
+
+
+def test_selector_watch_turns_label_changes_into_added_and_deleted(server):
+    add_node(server, "n1", {"pool": "ray"})
+    start = server.store.resource_version
+    merge = {"Content-Type": "application/merge-patch+json"}
+    for labels in ({"pool": "other"}, {"pool": "ray"}, {"pool": "ray", "x": "y"}):
+        code, _ = call(server, "PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": labels}}, headers=merge)
+        assert code == 200
+    call(server, "DELETE", "/api/v1/nodes/n1")
+    code, events = call(server, "GET", f"/api/v1/nodes?watch=1&labelSelector=pool%3Dray&resourceVersion={start}"
+                                       "&timeoutSeconds=1")
+    assert [(e["type"], e["object"]["metadata"]["labels"].get("pool")) for e in events] == [
+        ("DELETED", "other"), ("ADDED", "ray"), ("MODIFIED", "ray"), ("DELETED", "ray")]
+    assert [int(e["object"]["metadata"]["resourceVersion"]) for e in events] == list(range(start + 1, start + 5))
+
+
+def test_two_budgets_on_one_pod_is_a_server_error(kubelet):
+    budgets = [DisruptionBudget(name, "default", "app=x", min_available=0) for name in ("one", "two")]
+    with ApiServer(lifecycle=kubelet, budgets=budgets) as server:
+        add_node(server, "n1")
+        add_pod(server, "p", "n1", {"app": "x"})
+        code, status = call(server, "POST", "/api/v1/namespaces/default/pods/p/eviction", {"kind": "Eviction"})
+        assert code == 500 and "more than one PodDisruptionBudget" in status["message"]
 
 
 def test_invalid_booleans_and_selectors_are_400(server):
