@@ -11,10 +11,12 @@ import pytest
 from chaos import backends
 from chaos.backends.base import Backend, Host
 from chaos.cluster import ClusterView, Node
-from chaos.errors import ProfileError
+from chaos.errors import InjectionError, ProfileError
 from chaos.faults import catalog
 from chaos.faults.base import Fault, FaultContext, Injection, Target
+from chaos.faults import preempt
 from chaos.faults.cuda import CudaFault
+from chaos.faults.preempt import Preempt
 from chaos.faults.raylet import RayletKill
 from chaos.profile import profile_from_dict
 from chaos.pytest_plugin import Chaos
@@ -210,6 +212,27 @@ def test_a_fault_kind_missing_from_the_catalog_is_refused_at_definition():
 def test_detection_deadline_is_the_faults_own():
     hang = CudaFault("ecc", mode="hang", collective_timeout_s=15, shim_path="/x")
     assert hang.detect_timeout(60) == 75 and RayletKill().detect_timeout(60) == 60
+
+
+def test_preemption_is_charged_to_the_preemption_budget_and_waits_out_its_window():
+    assert Preempt.budget_class == "preemption"
+    assert Preempt(deadline_s=8).detect_timeout(60) == 90  # Ray's default 30 s window, at least
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"via": "spot"}, "preempt via='spot' unknown; expected one of"),
+    ({"deadline_s": 0}, "deadline_s must be > 0"),
+    ({"via": "drain", "kill_after_s": 5}, "kill_after_s is the SIGKILL after the SIGTERM"),
+])
+def test_bad_preemption_settings_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Preempt(**kwargs)
+
+
+def test_a_ray_without_the_preemption_budget_is_refused(monkeypatch):
+    monkeypatch.setattr(preempt.ray, "__version__", "2.56.1")
+    with pytest.raises(InjectionError, match=r"preempt needs Ray >= 2.58 .* this harness runs Ray 2.56.1"):
+        Preempt()
 
 
 def test_one_fault_object_injected_twice_keeps_each_injection_apart():

@@ -3,8 +3,8 @@
 import pytest
 
 from chaos.errors import VerificationError
-from chaos.verify import (Expectation, check, healed, recovery_time, resumed_from_latest, run_finished,
-                          state_restored, verdicts_for, within_budget)
+from chaos.verify import (Expectation, check, healed, preemption_window, recovery_time, resumed_from_latest,
+                          run_finished, state_restored, verdicts_for, within_budget)
 from timelines import Script
 
 EXPECT_ONE = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
@@ -453,3 +453,44 @@ def test_a_restart_that_never_reports_is_did_not_resume():
     assert err.value.verdict.diagnosis == "did not resume"
     assert "RESTARTING for 8 s" in err.value.verdict.message
     StallWatch(limit_s=1)(_running(100, state="FINISHED"))  # a finished run is not stalled
+
+
+# -- preemption-window -----------------------------------------------------------------
+def preempted_run(jit_step=None):
+    """Checkpoints every 10 steps; the notice comes after step 12, the node goes after step 16."""
+    s = Script().start_attempt().steps(1, 12, every=10).preemption(window_s=8.0)
+    for step in range(13, 17):
+        s.report({0: step, 1: step}, f"/storage/checkpoint_{step}" if step == jit_step else None)
+    return s.gone().decision(budget_class="preemption")
+
+
+def test_preemption_window_reports_notice_deadline_and_the_checkpoint_inside():
+    tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    assert v.status == "pass", v.line()
+    assert v.evidence["checkpoint_steps"] == [14] and v.evidence["window_s"] == 8.0
+    assert "deadline +8.0 s" in v.message and "inside the window at step 14" in v.message
+    assert v.evidence["death_reason"].startswith("Terminated due to preemption")
+    [resume] = resumed_from_latest(tl)
+    assert resume.status == "pass" and resume.evidence["latest_checkpoint_step"] == 14
+
+
+def test_missing_just_in_time_checkpoint_is_a_finding():
+    tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
+    assert "no checkpoint committed inside the window" in v.message
+
+
+def test_preemption_window_without_expectation_reports_without_passing():
+    tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
+    [v] = preemption_window(tl, Expectation())
+    assert v.status == "n/a" and "not required either way" in v.message
+
+
+def test_preemption_charged_to_the_preemption_budget_is_within_budget():
+    tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
+    v = within_budget(tl, Expectation(charged={"preemption": 1}))
+    assert v.status == "pass" and "charged 1 to max_preemption_failures" in v.message, v.line()
+    v = within_budget(tl, Expectation(charged={"worker_group": 1}))
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()

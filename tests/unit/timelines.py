@@ -70,6 +70,21 @@ class Script:
         self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": ledger_id, "by": "node_dead"}))
         return self
 
+    def preemption(self, node_id="n1", window_s=8.0, via="drain"):
+        """A preemption's notice; the node goes with ``gone()`` (reports may come between)."""
+        self.faults += 1
+        self.events.append(self._e("fault", "fault_injected", fault="preempt", ledger_id=f"f{self.faults}",
+                                   target={"node_id": node_id, "node_ip": "127.0.1.3"}))
+        self.events.append(Event(self.t, "fault", "preemption_notice",
+                                 {"node_id": node_id, "ledger_id": f"f{self.faults}", "via": via,
+                                  "window_s": window_s, "deadline": self.t + window_s}))
+        return self
+
+    def gone(self, node_id="n1", after=1.0, reason="Terminated due to preemption: chaos"):
+        self.events.append(self._e("cluster", "node_dead", after, node_id=node_id, death_reason=reason))
+        self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": f"f{self.faults}", "by": "node_dead"}))
+        return self
+
     def decision(self, decision="RETRY", budget_class="worker_group", limit=3, error="rank 1 died",
                  error_types=("WorkerGroupError", "ActorDiedError")):
         self.failures[budget_class] = self.failures.get(budget_class, 0) + 1
