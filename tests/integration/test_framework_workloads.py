@@ -9,16 +9,21 @@ session on its own embedded cluster, with the README's command line:
 No --chaos-step-metric: the default (auto) finds ``step`` (Ray's Hugging Face and
 Lightning callbacks, the every-3rd script) and ``global_step`` (the accumulation script).
 
-| script (tests/workloads/)  | reports (checkpoints)                 | bug flag              | diagnosis                   |
-|----------------------------|---------------------------------------|-----------------------|-----------------------------|
-| train_hf_transformers.py   | step 4, 8, ... 20 (every report)      | --ignore-checkpoint   | restarted from scratch      |
-| train_lightning.py         | step 4, 8, ... 24 (every report)      | --ignore-checkpoint   | restarted from scratch      |
-| train_grad_accum.py        | global_step 4, 8, ... 60 (12, 24, ..) | --resume-next-step    | resumed past the checkpoint |
-| train_every_third.py       | step 3, 6, ... 30 (6, 12, ...)        | --restore-rank0-only  | rank 1 restarted from scratch |
+| script (tests/workloads/)  | reports (checkpoints)                 | bug flag (tested here) | diagnosis                   |
+|----------------------------|---------------------------------------|------------------------|-----------------------------|
+| train_hf_transformers.py   | step 4, 8, ... 20 (every report)      | --ignore-checkpoint    | restarted from scratch      |
+| train_lightning.py         | step 4, 8, ... 24 (every report)      | (--ignore-checkpoint)  | restarted from scratch      |
+| train_grad_accum.py        | global_step 4, 8, ... 60 (12, 24, ..) | --resume-next-step     | resumed past the checkpoint |
+| train_every_third.py       | step 3, 6, ... 30 (6, 12, ...)        | (--restore-rank0-only) | rank 1 restarted from scratch |
 
-Time: 105-140 s per case on a 2-core machine (16.4 min for the file, with other clusters
-running); the scripts' own training is ~10-20 s of that, the rest is the harness's cluster
-start, job start (framework imports), the worker group's restart and teardown.
+Every script's correct resume runs here, and one failing session per diagnosis: the
+Lightning and every-3rd bug flags give the same diagnoses as the HF case and as
+test_user_workloads.py's rank-0-only case, so they are left to a run by hand (CI time:
+each session costs about 2 minutes).
+
+Time: 105-140 s per case on a 2-core machine; the scripts' own training is ~10-20 s of
+that, the rest is the harness's cluster start, job start (framework imports), the worker
+group's restart and teardown.
 """
 
 import re
@@ -111,11 +116,6 @@ def test_lightning_resumes_from_its_checkpoint(tmp_path):
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
-def test_lightning_ignoring_its_checkpoint_restarts_from_scratch(tmp_path):
-    code, out = run_suite(tmp_path, "train_lightning.py", "--ignore-checkpoint")
-    assert_failed_with(code, out, "restarted from scratch: attempt 1 began at step 4 on every rank")
-
-
 # -- plain torch, gradient accumulation: global_step advances by 4 per report --------------------
 def test_grad_accumulation_resumes_from_its_checkpoint(tmp_path):
     code, out = run_suite(tmp_path, "train_grad_accum.py")
@@ -135,8 +135,3 @@ def test_every_third_step_reporter_resumes_from_its_checkpoint(tmp_path):
     code, out = run_suite(tmp_path, "train_every_third.py")
     assert_resumed_after_checkpoint(code, out, stride=3)
 
-
-def test_every_third_step_reporter_restoring_only_rank_0_fails_naming_rank_1(tmp_path):
-    code, out = run_suite(tmp_path, "train_every_third.py", "--restore-rank0-only")
-    assert_failed_with(code, out, "restarted from scratch: rank 1 began attempt 1 at step 3")
-    assert re.search(r"while rank 0 resumed at (\d+)", out), out[-6000:]
