@@ -140,6 +140,10 @@ def test_exec_stream_returncode_and_channels(server, protocol):
     ok = stream(api.connect_get_namespaced_pod_exec, "w", "default", command=["echo", "fine"], stderr=True,
                 stdin=False, stdout=True, tty=False, **headers)
     assert ok == "fine\n"
+    killed = stream(api.connect_get_namespaced_pod_exec, "w", "default", command=["sh", "-c", "kill -KILL $$"],
+                    stderr=True, stdin=False, stdout=True, tty=False, _preload_content=False, **headers)
+    killed.run_forever(timeout=10)
+    assert killed.returncode == 137  # 128 + SIGKILL, as a container runtime reports it
 
 
 def test_exec_stdin_closed_over_v5(server):

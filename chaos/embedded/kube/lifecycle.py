@@ -27,6 +27,7 @@ class ExecProcess(Protocol):
     stdin: asyncio.StreamWriter | None
     stdout: asyncio.StreamReader | None
     stderr: asyncio.StreamReader | None
+    returncode: int | None
 
     async def wait(self) -> int: ...
 

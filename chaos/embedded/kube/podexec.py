@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
@@ -47,7 +46,8 @@ def exit_status(code: int, argv: list[str]) -> dict:
     if code == 0:
         return {"metadata": {}, "status": "Success"}
     return {"metadata": {}, "status": "Failure",
-            "message": f"command terminated with non-zero exit code: error executing command {argv}, exit code {code}",
+            "message": f"command terminated with non-zero exit code: error executing command [{' '.join(argv)}], "
+                       f"exit code {code}",
             "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
 
 
@@ -105,25 +105,28 @@ async def serve(request: web.Request, pod: dict, command: ExecRequest, lifecycle
     try:
         code = await process.wait()
         await asyncio.gather(*pumps)
-        if code < 0:  # killed by a signal: report it as a shell and a container runtime do
-            code = 128 + signal.Signals(-code).value
+        if code < 0:  # killed by signal -code: report it as a shell and a container runtime do
+            code = 128 - code
         await send(ERROR, json.dumps(exit_status(code, argv)).encode())
         await ws.close()
     except ConnectionResetError:
-        pass
+        pass  # the client went away
     finally:
         reader.cancel()
         for task in pumps:
             task.cancel()
         if process.stdin is not None and not process.stdin.is_closing():
             process.stdin.close()
-        if ws.closed and process_running(process):
-            process.kill()
+        _kill(process)  # only still running when the client left or the server is stopping
     return ws
 
 
-def process_running(process: ExecProcess) -> bool:
-    return getattr(process, "returncode", 0) is None
+def _kill(process: ExecProcess) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
 
 
 async def _read_client(ws: web.WebSocketResponse, process: ExecProcess, protocol: str) -> None:
@@ -139,13 +142,12 @@ async def _read_client(ws: web.WebSocketResponse, process: ExecProcess, protocol
             continue
         channel, payload = data[0], data[1:]
         if channel == STDIN and process.stdin is not None and payload:
-            process.stdin.write(payload)
-            await process.stdin.drain()
+            try:
+                process.stdin.write(payload)
+                await process.stdin.drain()
+            except ConnectionResetError:  # BrokenPipeError included: the command stopped reading
+                pass
         elif channel == CLOSE and protocol == V5 and payload[:1] == bytes([STDIN]) and process.stdin is not None:
             process.stdin.close()
-    if process_running(process):
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
+    _kill(process)
 

@@ -151,7 +151,7 @@ class ApiServer:
             loop.run_until_complete(self.stop_async())
             loop.close()
 
-        self._thread = threading.Thread(target=run, name=f"kube-apiserver:{self.port}", daemon=True)
+        self._thread = threading.Thread(target=run, name="kube-apiserver", daemon=True)
         self._thread.start()
         started.wait()
         if failure:
