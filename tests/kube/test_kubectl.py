@@ -220,8 +220,19 @@ def test_get_watch_sees_events(server, kubectl, tmp_path):
         reader.join(timeout=10)
 
 
-def test_spdy_kubectl_gets_a_clean_error(server, tmp_path):
-    old = make_kubectl(bundled_kubectl(29), server, tmp_path, "129")
+@pytest.mark.parametrize("minor", [30, 31, 32])
+def test_exec_over_websocket_with_every_bundled_kubectl_from_130(server, tmp_path, minor):
+    kubectl = make_kubectl(bundled_kubectl(minor), server, tmp_path, f"1{minor}")
+    add_node(server, "n1")
+    add_pod(server, "w", "n1", WORKER)
+    result = kubectl.run("exec", "w", "--", "sh", "-c", "echo out; exit 7")
+    assert (result.returncode, result.stdout) == (7, "out\n")
+    assert [upgrade for _, path, _, upgrade in server.requests if "/exec?" in path] == ["websocket"]
+
+
+@pytest.mark.parametrize("minor", [27, 28, 29])
+def test_spdy_kubectl_gets_a_clean_error(server, tmp_path, minor):
+    old = make_kubectl(bundled_kubectl(minor), server, tmp_path, f"1{minor}")
     add_node(server, "n1")
     add_pod(server, "w", "n1", WORKER)
     result = old.run("exec", "w", "--", "true")

@@ -76,7 +76,7 @@ NAMESPACES = Resource(
     "namespaces", "Namespace", False, verbs=("create", "get", "list", "watch"), short_names=("ns",),
     fields={"metadata.name": _get("metadata.name"), "status.phase": _get("status.phase")},
 )
-RAYCLUSTERS = Resource("rayclusters", "RayCluster", True, group="ray.io", version="v1")
+RAYCLUSTERS = Resource("rayclusters", "RayCluster", True, group="ray.io", version="v1", fields=_META_FIELDS)
 
 CORE = {r.plural: r for r in (PODS, NODES, NAMESPACES)}
 # The API groups served besides the core group; "policy" exists for pods/eviction's Eviction kind.
