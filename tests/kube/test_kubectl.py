@@ -80,7 +80,9 @@ def test_force_delete_removes_the_object_at_once_and_the_kubelet_still_kills(ser
     assert result.returncode == 0, result.stderr
     assert 'pod "w" force deleted' in result.stdout
     assert "Immediate deletion does not wait" in result.stderr
-    assert [e.type for e in server.store.events(PODS.plural, before)] == ["DELETED"]
+    events = server.store.events(PODS.plural, before)
+    assert [e.type for e in events] == ["MODIFIED", "DELETED"]  # the deletion is written, then the object goes
+    assert events[0].obj["metadata"]["deletionGracePeriodSeconds"] == 0
     process = kubelet.procs[pod["metadata"]["uid"]]
     assert process.wait(timeout=15) == -9  # SIGTERM ignored, SIGKILL after the 2 s floor
 

@@ -16,7 +16,7 @@ import pytest
 
 from chaos.embedded.kube import ApiServer, DisruptionBudget
 from chaos.embedded.kube.resources import PODS
-from kube_helpers import add_node, add_pod, pod_gone, wait_for
+from kube_helpers import TERM_IGNORER, add_node, add_pod, pod_gone, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -206,3 +206,21 @@ def test_server_runs_as_its_own_process(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+def test_a_later_delete_only_shortens_the_grace(server):
+    add_node(server, "n1")
+    add_pod(server, "p", "n1", command=TERM_IGNORER, grace=30)
+    json_body = {"Content-Type": "application/json"}
+    path = "/api/v1/namespaces/default/pods/p"
+    code, first = call(server, "DELETE", path, {}, headers=json_body)
+    assert code == 200 and first["metadata"]["deletionGracePeriodSeconds"] == 30
+    code, same = call(server, "DELETE", path + "?gracePeriodSeconds=60")
+    assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]  # longer: pending, unchanged
+    code, shorter = call(server, "DELETE", path, {"gracePeriodSeconds": -5}, headers=json_body)
+    assert shorter["metadata"]["deletionGracePeriodSeconds"] == 1  # negative counts as 1
+    assert shorter["metadata"]["deletionTimestamp"] < first["metadata"]["deletionTimestamp"]
+    code, status = call(server, "DELETE", path, {"preconditions": {"uid": "not-this-pod"}}, headers=json_body)
+    assert (code, status["reason"]) == (409, "Conflict")
+    assert "the UID in the precondition (not-this-pod) does not match the UID in record" in status["message"]
+    wait_for(server, lambda: pod_gone(server, "p"), "pod p removed once SIGKILLed after its 1 s grace")

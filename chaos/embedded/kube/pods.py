@@ -1,27 +1,57 @@
 """Pod deletion as the apiserver and kubelet share it: grace periods, deletionTimestamp, finalizers.
 
-A delete with grace 0 (``--grace-period=0 --force``, Chaos Mesh pod-kill) removes the object
-at once and leaves the kubelet to kill the processes.  A delete with grace > 0 only marks the
-object (``deletionTimestamp``, ``deletionGracePeriodSeconds``; watchers see MODIFIED) and the
-object stays — still counted by controllers such as KubeRay — until the kubelet reports its
-containers gone and no finalizer remains; then watchers see DELETED.  A second delete may
-shorten the grace, never lengthen it.  Pods not bound to a node, and finished pods, are
-deleted at once whatever grace was asked (the apiserver's pod strategy does the same).
+Follows the generic registry (``rest.BeforeDelete``, ``Store.Delete``): a delete first writes
+``deletionTimestamp`` + ``deletionGracePeriodSeconds`` (watchers see MODIFIED); with grace 0
+(``--grace-period=0 --force``, Chaos Mesh pod-kill) the object is then removed at once
+(DELETED) and the kubelet is left to kill the processes.  With grace > 0 the object stays —
+still counted by controllers such as KubeRay — until the kubelet, its containers gone,
+deletes it with grace 0 (MODIFIED to 0, then DELETED).  A later delete may only shorten the
+grace; a finalizer keeps the object until it is removed.  Pods not bound to a node, and
+finished pods, get grace 0 whatever was asked, and a negative grace counts as 1 (the pod
+strategy's ``CheckGracefulDelete``).
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import Callable
 
 from chaos.embedded.kube.lifecycle import PodLifecycle
 from chaos.embedded.kube.resources import PODS
-from chaos.embedded.kube.status import ApiError
-from chaos.embedded.kube.store import Store
+from chaos.embedded.kube.status import ApiError, conflict
+from chaos.embedded.kube.store import REMOVE, Store
+
+_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
-def _timestamp(after_seconds: int) -> str:
-    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=after_seconds)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+
+
+def _parse(timestamp: str) -> datetime.datetime:
+    return datetime.datetime.strptime(timestamp, _FORMAT).replace(tzinfo=datetime.timezone.utc)
+
+
+def _mark_deleting(pod: dict, grace: int | None) -> bool:
+    """Set or shorten the pod's deletion as ``rest.BeforeDelete`` does; False: nothing to change."""
+    meta, spec = pod["metadata"], pod["spec"]
+    requested = None if grace is None else 1 if grace < 0 else grace
+    if meta.get("deletionTimestamp"):
+        current = meta.get("deletionGracePeriodSeconds") or 0
+        if requested is None or requested >= current or current == 0:
+            return False  # pending: only a shorter grace changes anything
+        moment = _parse(meta["deletionTimestamp"]) - datetime.timedelta(seconds=current - requested)
+        if moment < _now():
+            moment = _now()
+            requested = 1 if requested else 0
+    else:
+        requested = spec.get("terminationGracePeriodSeconds", 30) if requested is None else requested
+        if not spec.get("nodeName") or pod["status"].get("phase") in ("Succeeded", "Failed"):
+            requested = 0
+        moment = _now() + datetime.timedelta(seconds=requested)
+    meta["deletionTimestamp"] = moment.strftime(_FORMAT)
+    meta["deletionGracePeriodSeconds"] = requested
+    return True
 
 
 class Pods:
@@ -35,60 +65,59 @@ class Pods:
         return pod
 
     def delete(self, namespace: str, name: str, grace: int | None = None, uid: str | None = None) -> dict:
-        """Delete with ``grace`` seconds (None: the pod's terminationGracePeriodSeconds)."""
-        removed_now: dict | None = None
-        started = False
+        """Delete with ``grace`` seconds (None: the pod's terminationGracePeriodSeconds); returns the pod."""
+        changed = False
 
         def change(pod: dict) -> dict | None:
-            nonlocal removed_now, started
-            meta, spec = pod["metadata"], pod["spec"]
+            nonlocal changed
+            meta = pod["metadata"]
             if uid is not None and meta["uid"] != uid:
-                raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
-                               f"UID in object meta: {meta['uid']}", {"name": name, "kind": "pods"})
-            period = spec.get("terminationGracePeriodSeconds", 30) if grace is None else grace
-            period = 1 if period < 0 else period
-            if not spec.get("nodeName") or pod["status"].get("phase") in ("Succeeded", "Failed"):
-                period = 0
-            if meta.get("deletionTimestamp") and period >= meta.get("deletionGracePeriodSeconds", 0):
-                return None
-            meta["deletionTimestamp"] = _timestamp(period)
-            meta["deletionGracePeriodSeconds"] = period
-            if period == 0 and not meta.get("finalizers"):
-                removed_now = pod
-                return None
-            started = True
-            return pod
+                raise conflict("Pod", name, f"the UID in the precondition ({uid}) does not match the UID in record "
+                                            f"({meta['uid']}). The object might have been deleted and then recreated")
+            changed = _mark_deleting(pod, grace)
+            return pod if changed else None
 
         pod = self.store.update(PODS.plural, namespace, name, change)
-        if removed_now is not None:
-            pod = self.store.remove(PODS.plural, namespace, name)
-            self.lifecycle.pod_removed(pod)
-        elif started:
-            self.lifecycle.pod_terminating(pod, pod["metadata"]["deletionGracePeriodSeconds"])
+        meta = pod["metadata"]
+        if meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
+            removed = self._unless_gone(lambda: self.store.update(
+                PODS.plural, namespace, name, lambda p: REMOVE if p["metadata"]["uid"] == meta["uid"] else None))
+            if removed is not None:
+                self.lifecycle.pod_removed(removed)
+                return removed
+        if changed:
+            self.lifecycle.pod_terminating(pod, meta["deletionGracePeriodSeconds"])
         return pod
 
     def containers_stopped(self, namespace: str, name: str, uid: str) -> None:
-        """The kubelet's last word on a terminating pod: its processes are gone."""
+        """The kubelet's last word on a terminating pod, its processes gone: delete it with grace 0."""
         pod = self.store.get(PODS.plural, namespace, name)
         if pod is None or pod["metadata"]["uid"] != uid or not pod["metadata"].get("deletionTimestamp"):
             return
-
-        def finished(p: dict) -> dict | None:
-            if p["metadata"].get("deletionGracePeriodSeconds") == 0:
-                return None
-            p["metadata"]["deletionGracePeriodSeconds"] = 0
-            return p
-
-        self.store.update(PODS.plural, namespace, name, finished)
-        self.finish_if_done(namespace, name)
+        try:
+            self.delete(namespace, name, 0, uid)
+        except ApiError as err:
+            if err.code not in (404, 409):  # gone already, or another pod of that name now
+                raise
 
     def finish_if_done(self, namespace: str, name: str) -> None:
         """Remove a pod whose containers are gone once its last finalizer is (after any update)."""
-        pod = self.store.get(PODS.plural, namespace, name)
-        meta = pod["metadata"] if pod else {}
-        if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds") == 0 \
-                and not meta.get("finalizers"):
-            self.store.remove(PODS.plural, namespace, name)
+        def done(pod: dict) -> dict | None:
+            meta = pod["metadata"]
+            finished = meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds") == 0
+            return REMOVE if finished and not meta.get("finalizers") else None
+
+        self._unless_gone(lambda: self.store.update(PODS.plural, namespace, name, done))
+
+    @staticmethod
+    def _unless_gone(call: Callable[[], dict]) -> dict | None:
+        """``call()``, or None when the pod is already gone (removed by whoever got there first)."""
+        try:
+            return call()
+        except ApiError as err:
+            if err.code == 404:
+                return None
+            raise
 
     def set_status(self, namespace: str, name: str, status: dict, uid: str | None = None) -> dict | None:
         """Merge ``status`` into the pod's status (the kubelet's status update); None if the pod is gone."""
@@ -101,9 +130,4 @@ class Pods:
             pod["status"] = merged
             return pod
 
-        try:
-            return self.store.update(PODS.plural, namespace, name, change)
-        except ApiError as err:
-            if err.code == 404:
-                return None
-            raise
+        return self._unless_gone(lambda: self.store.update(PODS.plural, namespace, name, change))

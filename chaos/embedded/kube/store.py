@@ -21,6 +21,9 @@ from typing import Callable
 from chaos.embedded.kube.status import already_exists, expired, not_found
 
 
+REMOVE: dict = {}  # returned by an update's ``change`` to remove the object instead (compared by identity)
+
+
 @dataclass(frozen=True)
 class Event:
     rv: int
@@ -106,7 +109,8 @@ class Store:
 
     def update(self, resource: str, namespace: str | None, name: str,
                change: Callable[[dict], dict | None]) -> dict:
-        """Atomically replace an object with ``change(copy)``; None from ``change`` means no change."""
+        """Atomically replace an object with ``change(copy)``: None means no change, ``REMOVE``
+        removes the object (DELETED; the removed object is returned)."""
         with self._lock:
             old = self._objects[resource].get((namespace or "", name))
             if old is None:
@@ -114,6 +118,8 @@ class Store:
             new = change(copy.deepcopy(old))
             if new is None:
                 return copy.deepcopy(old)
+            if new is REMOVE:
+                return self.remove(resource, namespace, name)
             self._record(resource, "MODIFIED", new, old)
             self._objects[resource][(namespace or "", name)] = new
             return copy.deepcopy(new)
