@@ -224,3 +224,22 @@ def test_a_later_delete_only_shortens_the_grace(server):
     assert (code, status["reason"]) == (409, "Conflict")
     assert "the UID in the precondition (not-this-pod) does not match the UID in record" in status["message"]
     wait_for(server, lambda: pod_gone(server, "p"), "pod p removed once SIGKILLed after its 1 s grace")
+
+
+def test_null_runtime_runs_bound_pods_instantly_and_refuses_exec():
+    with ApiServer() as server:
+        pod = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        code, created = call(server, "POST", "/api/v1/namespaces/default/pods", pod,
+                             headers={"Content-Type": "application/json"})
+        assert code == 201
+        code, running = call(server, "GET", "/api/v1/namespaces/default/pods/p")
+        assert running["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        code, status = call(server, "GET", "/api/v1/namespaces/default/pods/p/exec?command=true",
+                            headers={"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                                     "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                                     "Sec-WebSocket-Protocol": "v5.channel.k8s.io"})
+        assert code == 400 and "no container runtime" in status["message"]
+        code, _ = call(server, "DELETE", "/api/v1/namespaces/default/pods/p")
+        assert code == 200 and pod_gone(server, "p")
+        assert [e.type for e in server.store.events(PODS.plural, int(created["metadata"]["resourceVersion"]))] == \
+            ["MODIFIED", "MODIFIED", "MODIFIED", "DELETED"]  # Running, deletion (30 s), containers gone, removed

@@ -6,7 +6,8 @@ budget allows answers 201 with a Success ``Status`` and then deletes the pod gra
 than a budget needs answers 429 TooManyRequests, which drain retries every 5 s.  Budgets
 are configured in Python (``DisruptionBudget``), not stored as PodDisruptionBudget objects.
 Pods that are Pending, finished or already terminating are evicted without a budget check,
-as the apiserver's eviction REST does.
+as the apiserver's eviction REST does; healthy means Ready and not terminating, as the
+disruption controller counts.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ class DisruptionBudget:
 
 
 def _healthy(pod: dict) -> bool:
-    ready = next((c for c in pod["status"].get("conditions") or [] if c.get("type") == "Ready"), None)
-    return (pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
-            and (ready is None or ready.get("status") == "True"))
+    """Counted as the disruption controller counts: Ready and not being deleted."""
+    ready = {"type": "Ready", "status": "True"}
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        {k: c.get(k) for k in ready} == ready for c in pod["status"].get("conditions") or [])
+
+
+def _budget_applies(pod: dict) -> bool:
+    """Pending, finished and terminating pods are evicted without a budget check (canIgnorePDB)."""
+    return (pod["status"].get("phase") not in ("Pending", "Succeeded", "Failed")
+            and not pod["metadata"].get("deletionTimestamp"))
 
 
 class Evictions:
@@ -58,7 +66,7 @@ class Evictions:
             raise bad_request("name in URL does not match name in Eviction object")
         options = body.get("deleteOptions") or {}
         pod = self.pods.store.require(PODS.plural, namespace, name)
-        if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp"):
+        if _budget_applies(pod):
             self._check_budgets(pod)
         self.pods.delete(namespace, name, options.get("gracePeriodSeconds"),
                          (options.get("preconditions") or {}).get("uid"))

@@ -62,14 +62,15 @@ class PodLifecycle(abc.ABC):
 
 
 class NullRuntime(PodLifecycle):
-    """No processes at all: a bound pod is Running at once and stops at once; exec is refused.
+    """No processes at all: a bound pod is Running and Ready at once and stops at once; exec is refused.
 
     For an API server used without a kubelet (discovery, selectors, watches, patches).
     """
 
     def pod_added(self, pod: dict) -> None:
         if pod["spec"].get("nodeName"):
-            self.pods.set_status(pod["metadata"]["namespace"], pod["metadata"]["name"], {"phase": "Running"})
+            self.pods.set_status(pod["metadata"]["namespace"], pod["metadata"]["name"], {
+                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
 
     def pod_terminating(self, pod: dict, grace_seconds: int) -> None:
         meta = pod["metadata"]
