@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import threading
 from typing import Iterator, Sequence
 
@@ -107,23 +106,20 @@ class ApiServer:
         try:
             return await handler(request)
         except ApiError as err:
-            return web.Response(status=err.code, text=json.dumps(err.body()), content_type="application/json",
-                                headers=err.headers)
-        except web.HTTPNotFound:
-            err = unknown_path()
-            return web.Response(status=404, text=json.dumps(err.body()), content_type="application/json")
+            return json_response(err.body(), err.code)
+        except web.HTTPNotFound:  # no route: the apiserver's answer for an unknown path
+            return json_response(unknown_path().body(), 404)
         except web.HTTPMethodNotAllowed:
-            err = ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-            return web.Response(status=405, text=json.dumps(err.body()), content_type="application/json")
+            return json_response(ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                          "requested resource").body(), 405)
 
     async def start_async(self) -> None:
         """Listen on the running loop (for callers that own one); ``port`` 0 picks a free port."""
         self._runner = web.AppRunner(self.application(), handler_cancellation=True, access_log=None,
                                      shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]
 
     async def stop_async(self) -> None:
         self.store.close_watches()

@@ -28,11 +28,9 @@ def status(code: int, reason: str, message: str, details: dict[str, Any] | None 
 class ApiError(Exception):
     """A request the server refuses; the handlers turn it into a ``Status`` reply."""
 
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None):
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
-        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return status(self.code, self.reason, self.message, self.details)
