@@ -1,0 +1,455 @@
+"""A HyperPod-like node-recovery agent: a client of the (emulated) API server, in a thread.
+
+SageMaker HyperPod on EKS recovers a faulty node when its label
+``sagemaker.amazonaws.com/node-health-status`` becomes ``UnschedulablePendingReboot`` or
+``UnschedulablePendingReplacement`` — whether its health agent set it, an operator ran
+``kubectl label node ... --overwrite``, or ``BatchReboot/ReplaceClusterNodes`` was called
+("both methods activate the same recovery processes"; notes/kubernetes.md §5).  This agent
+does the same against any API server, through the official ``kubernetes`` client only:
+
+* It watches nodes (list, then watch from the list's resourceVersion with bookmarks; a
+  dropped stream is re-watched from the last version seen; a 410 Expired re-lists).
+* Reboot: cordon (``spec.unschedulable`` + a NoSchedule taint), force-delete (grace 0)
+  every pod bound to the node — every pod on it dies at once —, mark the node NotReady,
+  ``Hosts.reboot(node)`` (blocks until the host is back), then label ``Schedulable``,
+  Ready, taint removed, uncordoned.
+* Replace: cordon, force-delete the pods, delete the Node object, ``Hosts.replace(node)``
+  (blocks until the new host is up), create a Node for the new host (new name and uid,
+  ``Schedulable``, Ready).
+
+What HyperPod really does to pods (evict, delete or leave them to the NotReady taint) and
+which taint it sets were not found (notes §9): the force delete and the standard
+``node.kubernetes.io/unschedulable:NoSchedule`` taint (the one Kubernetes' node lifecycle
+controller puts on a cordoned node) are this emulator's choices.  Every step is recorded
+with its time (``history(node)``).  Kubernetes Events are not emitted: the emulated API
+server does not store ``events``.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+# AWS doc "Resilience-related Kubernetes labels" (notes/kubernetes.md §5).
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+SCHEDULABLE = "Schedulable"
+PENDING_REBOOT = "UnschedulablePendingReboot"
+PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
+# Seen on real HyperPod EKS nodes in public manifests and scripts (not in the AWS label doc).
+INSTANCE_GROUP_LABEL = "sagemaker.amazonaws.com/instance-group-name"
+COMPUTE_TYPE_LABEL = "sagemaker.amazonaws.com/compute-type"  # "hyperpod"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # well-known Kubernetes label
+# No AWS label carrying the EC2 instance id was found (real node names are "hyperpod-<id>"):
+# this one is ours.
+INSTANCE_ID_LABEL = "chaos.ray.io/instance-id"
+# Kubernetes' taint for a cordoned node (node lifecycle controller); HyperPod's own taint: not found.
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+REBOOT, REPLACE = "reboot", "replace"
+ACTIONS = {PENDING_REBOOT: REBOOT, PENDING_REPLACEMENT: REPLACE}
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """A (new) host as ``Hosts.replace`` reports it; ``node_name`` defaults to ``hyperpod-<instance_id>``."""
+
+    instance_id: str
+    node_name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    addresses: tuple[dict[str, str], ...] = ()
+
+
+class Hosts(abc.ABC):
+    """Host control: the embedded cluster power-cycles test hosts (a new boot id); tests use a fake.
+
+    Both calls block until the host is back (or raise); the agent calls them on its own
+    recovery thread, one per node.
+    """
+
+    @abc.abstractmethod
+    def reboot(self, node_name: str) -> dict[str, Any] | None:
+        """Reboot the node's host; return once it is back (optional facts, e.g. its new boot id)."""
+
+    @abc.abstractmethod
+    def replace(self, node_name: str) -> HostInfo:
+        """Terminate the node's host and bring up a new one; return it once it is up."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One step of one recovery, for reports: ``at`` is wall time (epoch s), ``mono`` monotonic."""
+
+    node: str  # the node the recovery was for (a replacement keeps the old name here)
+    action: str  # reboot | replace
+    step: str
+    at: float
+    mono: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+# The steps, in order.  A failed recovery ends with "failed" (detail: error) instead.
+REBOOT_STEPS = ("requested", "cordoned", "pods_killed", "not_ready", "host_rebooting", "host_back", "schedulable")
+REPLACE_STEPS = ("requested", "cordoned", "pods_killed", "node_deleted", "host_replacing", "host_replaced",
+                 "node_created")
+
+
+def instance_id_of(node: dict) -> str | None:
+    """The node's instance id: our label, else the ``hyperpod-<id>`` node name real HyperPod EKS nodes have."""
+    meta = node.get("metadata", {})
+    instance = (meta.get("labels") or {}).get(INSTANCE_ID_LABEL)
+    if instance is None and meta.get("name", "").startswith("hyperpod-"):
+        instance = meta["name"][len("hyperpod-"):]
+    return instance
+
+
+def api_client_for(url: str, token: str = "emulated-token") -> client.ApiClient:
+    config = client.Configuration(host=url, api_key={"authorization": token},
+                                  api_key_prefix={"authorization": "Bearer"})
+    return client.ApiClient(config)
+
+
+class HyperPodAgent:
+    """``with HyperPodAgent(api_client, hosts) as agent:`` — watches nodes and recovers them.
+
+    ``history(node)`` is what it did; ``wait_for(node, step, timeout)`` waits for a step;
+    ``request(node, action)`` labels a node as an operator would (the SageMaker endpoint's
+    path).  ``relists`` / ``watches`` count list and watch calls (for tests and reports).
+    """
+
+    def __init__(self, api: client.ApiClient, hosts: Hosts, *, instance_group: str = "workers",
+                 instance_type: str = "ml.g5.8xlarge", watch_timeout_s: int = 300):
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.hosts = hosts
+        self.instance_group, self.instance_type = instance_group, instance_type
+        self.watch_timeout_s = watch_timeout_s
+        self._stop = threading.Event()
+        self._lock = threading.Condition()
+        self._history: list[Transition] = []
+        self._active: dict[str, tuple[str, str | None]] = {}  # node name -> (action, instance id) in progress
+        self._threads: list[threading.Thread] = []
+        # After a recovery the watch may still deliver the agent's own earlier updates (label still
+        # Pending...): those must not start it again.  node -> what ends the stale stretch: the final
+        # update's resourceVersion (reboot) or the node's DELETED event (replace).  A re-list clears it.
+        self._settling: dict[str, str] = {}
+        self._seen: dict[str, collections.deque[str]] = {}  # node -> versions (or DELETED) the watch delivered
+        self._thread: threading.Thread | None = None
+        self._response: urllib3.HTTPResponse | None = None
+        self.relists = 0
+        self.watches = 0
+        self.ready = threading.Event()  # set after the first list: the agent sees every later change
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> "HyperPodAgent":
+        self._thread = threading.Thread(target=self._run, name="hyperpod-agent", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()  # unblocks the watch read
+            except Exception:  # noqa: BLE001 - already closed
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for thread in list(self._threads):
+            thread.join(timeout)
+
+    def __enter__(self) -> "HyperPodAgent":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- queries ---------------------------------------------------------------------
+    def history(self, node: str | None = None) -> list[Transition]:
+        """Every recorded step (oldest first), or those of recoveries of ``node`` (or that created it)."""
+        with self._lock:
+            return [t for t in self._history
+                    if node is None or t.node == node or t.detail.get("new_node") == node]
+
+    def steps(self, node: str) -> list[str]:
+        return [t.step for t in self.history(node)]
+
+    def active(self) -> dict[str, tuple[str, str | None]]:
+        """The recoveries in progress: node name -> (action, its instance id)."""
+        with self._lock:
+            return dict(self._active)
+
+    def wait_for(self, node: str, step: str, timeout: float = 15.0, since: float | None = None) -> Transition:
+        """Block until a recovery of ``node`` records ``step`` (or "failed"), at or after the monotonic
+        time ``since`` if given; raise saying what was seen."""
+        def found() -> Transition | None:
+            for t in self._history:
+                if since is not None and t.mono < since:
+                    continue
+                if (t.node == node or t.detail.get("new_node") == node) and t.step in (step, "failed"):
+                    return t
+            return None
+
+        with self._lock:
+            self._lock.wait_for(lambda: found() is not None, timeout)
+            hit = found()
+        if hit is None:
+            raise TimeoutError(f"waited {timeout}s for step {step!r} of node {node}; saw steps "
+                               f"{self.steps(node)}")
+        if hit.step == "failed" and step != "failed":
+            raise RuntimeError(f"recovery of {node} failed: {hit.detail}")
+        return hit
+
+    # ---- the operator's / endpoint's way in ------------------------------------------
+    def request(self, node: str, action: str) -> None:
+        """Label ``node`` for ``action`` (reboot|replace), as ``kubectl label --overwrite`` does."""
+        value = PENDING_REBOOT if action == REBOOT else PENDING_REPLACEMENT
+        self.core.patch_node(node, {"metadata": {"labels": {HEALTH_LABEL: value}}})
+
+    def nodes(self) -> list[dict]:
+        """The current Node objects, as dicts (for the SageMaker endpoint)."""
+        return _raw(self.core.list_node)["items"] or []
+
+    # ---- the watch -------------------------------------------------------------------
+    def _run(self) -> None:
+        rv: str | None = None
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist()
+                    self.ready.set()
+                rv = self._watch(rv)
+                backoff = 0.05
+            except _Expired as err:
+                log.info("node watch from resourceVersion %s expired (%s): re-listing", rv, err)
+                rv = None
+            except ApiException as err:
+                if err.status == 410:
+                    rv = None
+                    continue
+                log.warning("node list/watch failed (%s %s); retrying in %.2fs", err.status, err.reason, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+                if self._stop.is_set():
+                    break
+                log.info("node watch dropped (%s); re-watching from %s in %.2fs", err, rv, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except Exception:  # noqa: BLE001 - an unexpected answer must not end the agent: re-list
+                log.exception("node watch failed; re-listing in %.2fs", backoff)
+                rv = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _relist(self) -> str:
+        listed = _raw(self.core.list_node)
+        self.relists += 1
+        with self._lock:
+            self._settling.clear()  # a list is the current state: nothing in it is stale
+        for node in listed.get("items") or []:
+            self._consider(node)
+        return listed["metadata"]["resourceVersion"]
+
+    def _watch(self, rv: str) -> str:
+        response = self.core.list_node(watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                                       timeout_seconds=self.watch_timeout_s, _preload_content=False)
+        self._response = response
+        self.watches += 1
+        try:
+            if self._stop.is_set():
+                return rv
+            buffer = b""
+            for chunk in response.stream(amt=None, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        rv = self._event(json.loads(line), rv)
+                if self._stop.is_set():
+                    break
+            return rv
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _event(self, event: dict, rv: str) -> str:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired(obj.get("message", ""))
+            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+        rv = obj.get("metadata", {}).get("resourceVersion") or rv
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._consider(obj, kind)
+        return rv
+
+    def _consider(self, node: dict, kind: str = "ADDED") -> None:
+        meta = node.get("metadata", {})
+        name = meta["name"]
+        with self._lock:
+            self._seen.setdefault(name, collections.deque(maxlen=256)).append(
+                "DELETED" if kind == "DELETED" else meta.get("resourceVersion", ""))
+            until = self._settling.get(name)
+            if until is not None:
+                if until == ("DELETED" if kind == "DELETED" else meta.get("resourceVersion")):
+                    del self._settling[name]
+                return  # an event from before the end of the last recovery
+        action = ACTIONS.get((meta.get("labels") or {}).get(HEALTH_LABEL, ""))
+        if action is None or kind == "DELETED" or self._stop.is_set():
+            return
+        with self._lock:
+            if name in self._active:
+                return  # already recovering: the agent's own updates arrive here too
+            self._active[name] = (action, instance_id_of(node))
+            self._record(name, action, "requested", uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
+        thread = threading.Thread(target=self._recover, args=(name, action), name=f"hyperpod-{action}:{name}",
+                                  daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # ---- recoveries ------------------------------------------------------------------
+    def _record(self, node: str, action: str, step: str, done: bool = False, settle: str | None = None,
+                **detail: Any) -> None:
+        """Append a step; ``done``: the recovery's last one (it leaves ``active()`` in the same instant,
+        and the watch ignores the node's events until ``settle``)."""
+        with self._lock:
+            self._history.append(Transition(node, action, step, time.time(), time.monotonic(), detail))
+            if done:
+                self._active.pop(node, None)
+                if settle is not None and settle not in self._seen.get(node, ()):
+                    self._settling[node] = settle  # (versions are opaque: compared for equality only)
+            self._lock.notify_all()
+
+    def _recover(self, name: str, action: str) -> None:
+        try:
+            self._cordon(name)
+            self._record(name, action, "cordoned", taint=UNSCHEDULABLE_TAINT["key"])
+            self._record(name, action, "pods_killed", pods=self._kill_pods(name))
+            if action == REBOOT:
+                self._reboot(name)
+            else:
+                self._replace(name)
+        except Exception as err:  # noqa: BLE001 - recorded; the node stays as it is, like a stuck recovery
+            log.exception("%s of node %s failed", action, name)
+            try:  # the node stays as the failure left it; only a later change may start it again
+                settle = _raw(self.core.read_node, name)["metadata"]["resourceVersion"]
+            except ApiException as gone:
+                settle = "DELETED" if gone.status == 404 else None
+            except Exception:  # noqa: BLE001 - the API server itself may be what failed
+                settle = None
+            self._record(name, action, "failed", done=True, settle=settle, error=f"{type(err).__name__}: {err}")
+
+    def _update_node(self, name: str, change: Callable[[dict], None]) -> str:
+        """Read-modify-write of a node with its resourceVersion as precondition (retried on 409);
+        returns the new resourceVersion."""
+        for _ in range(10):
+            node = _raw(self.core.read_node, name)
+            change(node)
+            try:
+                return self.core.replace_node(name, node).metadata.resource_version
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"node {name}: 10 conflicting updates in a row")
+
+    def _cordon(self, name: str) -> None:
+        def cordon(node: dict) -> None:
+            spec = node.setdefault("spec", {})
+            spec["unschedulable"] = True
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+            spec["taints"] = taints + [{**UNSCHEDULABLE_TAINT, "timeAdded": _now()}]
+
+        self._update_node(name, cordon)
+
+    def _kill_pods(self, name: str) -> list[str]:
+        """Force-delete (grace 0) every pod bound to the node, all before waiting on any."""
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+        killed = []
+        for pod in pods:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
+                                                body=client.V1DeleteOptions(grace_period_seconds=0))
+                killed.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+        return killed
+
+    def _set_ready(self, name: str, ready: bool, reason: str, message: str) -> None:
+        condition = {"type": "Ready", "status": "True" if ready else "False", "reason": reason, "message": message,
+                     "lastTransitionTime": _now(), "lastHeartbeatTime": _now()}
+        self.core.patch_node_status(name, {"status": {"conditions": [condition]}})
+
+    def _reboot(self, name: str) -> None:
+        # No kubelet heartbeats here to go stale: the agent says what a kubelet would.
+        self._set_ready(name, False, "NodeRebooting", "HyperPod-like agent: host reboot in progress")
+        self._record(name, REBOOT, "not_ready")
+        self._record(name, REBOOT, "host_rebooting")
+        facts = self.hosts.reboot(name) or {}
+        self._record(name, REBOOT, "host_back", **facts)
+        self._set_ready(name, True, "KubeletReady", "kubelet is posting ready status")
+
+        def restore(node: dict) -> None:
+            node["metadata"].setdefault("labels", {})[HEALTH_LABEL] = SCHEDULABLE
+            spec = node.setdefault("spec", {})
+            spec.pop("unschedulable", None)
+            spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+            if not spec["taints"]:
+                spec.pop("taints")
+
+        final = self._update_node(name, restore)
+        self._record(name, REBOOT, "schedulable", done=True, settle=final)
+
+    def _replace(self, name: str) -> None:
+        old = _raw(self.core.read_node, name)
+        self.core.delete_node(name)
+        self._record(name, REPLACE, "node_deleted", uid=old["metadata"].get("uid"))
+        self._record(name, REPLACE, "host_replacing")
+        host = self.hosts.replace(name)
+        new_name = host.node_name or f"hyperpod-{host.instance_id}"
+        self._record(name, REPLACE, "host_replaced", instance_id=host.instance_id, new_node=new_name)
+        labels = {k: v for k, v in (old["metadata"].get("labels") or {}).items()
+                  if not k.startswith("sagemaker.amazonaws.com/") and k not in (INSTANCE_ID_LABEL,
+                                                                                "kubernetes.io/hostname")}
+        labels.update({INSTANCE_GROUP_LABEL: (old["metadata"].get("labels") or {}).get(INSTANCE_GROUP_LABEL,
+                                                                                      self.instance_group),
+                       COMPUTE_TYPE_LABEL: "hyperpod", "kubernetes.io/hostname": new_name,
+                       INSTANCE_ID_LABEL: host.instance_id, HEALTH_LABEL: SCHEDULABLE, **host.labels})
+        created = self.core.create_node({"apiVersion": "v1", "kind": "Node",
+                                         "metadata": {"name": new_name, "labels": labels}, "spec": {}})
+        status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                                  "message": "kubelet is posting ready status",
+                                                  "lastTransitionTime": _now(), "lastHeartbeatTime": _now()}]}
+        if host.addresses:
+            status["addresses"] = [dict(a) for a in host.addresses]
+        self.core.patch_node_status(new_name, {"status": status})
+        self._record(name, REPLACE, "node_created", done=True, settle="DELETED", new_node=new_name,
+                     uid=created.metadata.uid, instance_id=host.instance_id)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is older than the server's history (in-stream 410)."""
+
+
+def _raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+    """An API call's JSON body as sent (no model round trip, which rewrites timestamps)."""
+    response = call(*args, _preload_content=False, **kwargs)
+    return json.loads(response.data)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
