@@ -18,7 +18,7 @@ from typing import Callable
 
 from chaos.embedded.kube.lifecycle import PodLifecycle
 from chaos.embedded.kube.resources import PODS
-from chaos.embedded.kube.status import ApiError, conflict
+from chaos.embedded.kube.status import ApiError, conflict, invalid
 from chaos.embedded.kube.store import REMOVE, Store
 
 _FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -88,6 +88,31 @@ class Pods:
         if changed:
             self.lifecycle.pod_terminating(pod, meta["deletionGracePeriodSeconds"])
         return pod
+
+    def bind(self, namespace: str, name: str, binding: dict) -> dict:
+        """``POST pods/<p>/binding`` as a scheduler sends it: set ``spec.nodeName`` once (the
+        registry's ``assignPod``: a bound or terminating pod is a 409), add PodScheduled=True,
+        then tell the lifecycle, which starts the containers as a kubelet does on a new bound pod."""
+        node = ((binding or {}).get("target") or {}).get("name")
+        if (binding.get("metadata") or {}).get("name") not in (None, name):
+            raise ApiError(400, "BadRequest", "name in URL does not match name in Binding object", {})
+        if not node:
+            raise invalid("Binding", name, "target.name", "Required value")
+
+        def change(pod: dict) -> dict:
+            if pod["metadata"].get("deletionTimestamp"):
+                raise conflict("pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host")
+            if pod["spec"].get("nodeName"):
+                raise conflict("pods/binding", name,
+                               f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+            pod["spec"]["nodeName"] = node
+            conditions = [c for c in pod["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
+            pod["status"]["conditions"] = conditions + [{"type": "PodScheduled", "status": "True"}]
+            return pod
+
+        pod = self.store.update(PODS.plural, namespace, name, change)
+        self.lifecycle.pod_added(pod)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def containers_stopped(self, namespace: str, name: str, uid: str) -> None:
         """The kubelet's last word on a terminating pod, its processes gone: delete it with grace 0."""

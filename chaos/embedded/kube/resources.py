@@ -60,6 +60,7 @@ _META_FIELDS = {"metadata.name": _get("metadata.name"), "metadata.namespace": _g
 PODS = Resource(
     "pods", "Pod", True, short_names=("po",),
     subresources={
+        "binding": {"kind": "Binding", "verbs": ["create"]},  # what a scheduler posts (kuberay.py)
         "eviction": {"kind": "Eviction", "group": "policy", "version": "v1", "verbs": ["create"]},
         "exec": {"kind": "PodExecOptions", "verbs": ["create", "get"]},
         "log": {"kind": "Pod", "verbs": ["get"]},
@@ -76,7 +77,8 @@ NAMESPACES = Resource(
     "namespaces", "Namespace", False, verbs=("create", "get", "list", "watch"), short_names=("ns",),
     fields={"metadata.name": _get("metadata.name"), "status.phase": _get("status.phase")},
 )
-RAYCLUSTERS = Resource("rayclusters", "RayCluster", True, group="ray.io", version="v1", fields=_META_FIELDS)
+RAYCLUSTERS = Resource("rayclusters", "RayCluster", True, group="ray.io", version="v1", fields=_META_FIELDS,
+                       subresources={"status": {"kind": "RayCluster", "verbs": ["get", "patch", "update"]}})
 
 CORE = {r.plural: r for r in (PODS, NODES, NAMESPACES)}
 # The API groups served besides the core group; "policy" exists for pods/eviction's Eviction kind.

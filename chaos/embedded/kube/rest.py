@@ -152,6 +152,9 @@ class Rest:
         if target.sub == "eviction":
             body = await read_body(request) or {}
             return json_response(self.evictions.evict(target.namespace, target.name, body), 201)
+        if target.sub == "binding":
+            body = await read_body(request) or {}
+            return json_response(self.pods.bind(target.namespace, target.name, body), 201)
         if verb == "delete":
             return json_response(self._delete(target, await read_body(request) or {}, query))
         return json_response(self._write(target, verb, request.headers.get("Content-Type", ""),
