@@ -122,19 +122,11 @@ def main(argv=None) -> int:
     j.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
     j.add_argument("--plot", metavar="PATH", help="also draw ETTR against checkpoint interval to PATH (PNG)")
     args = p.parse_args(argv)
-    if args.cmd == "project":
+    if args.cmd in ("project", "sweep"):
         from chaos.errors import ChaosError
 
         try:
-            return _project(args)
-        except ChaosError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    if args.cmd == "sweep":
-        from chaos.errors import ChaosError
-
-        try:
-            return _sweep(args)
+            return (_project if args.cmd == "project" else _sweep)(args)
         except ChaosError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -32,7 +32,6 @@ import asyncio
 import datetime
 import json
 import re
-import threading
 import uuid
 from typing import Any, Callable
 
@@ -41,6 +40,7 @@ from aiohttp import web
 from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_TYPE_LABEL,
                                           REBOOT, REPLACE, SCHEDULABLE, HyperPodAgent,
                                           instance_id_of)
+from chaos.embedded.threaded import ThreadedServer
 
 CONTENT_TYPE = "application/x-amz-json-1.1"
 NODE_ID = re.compile(r"i-[a-f0-9]{8}(?:[a-f0-9]{9})?")
@@ -59,8 +59,10 @@ def _validation(value: Any, member: str, constraint: str) -> AwsError:
                     f"{constraint}")
 
 
-class SageMakerEndpoint:
+class SageMakerEndpoint(ThreadedServer):
     """``with SageMakerEndpoint(agent, cluster_name="ml-cluster") as sm:`` then boto3 with ``sm.url``."""
+
+    thread_name = "sagemaker-endpoint"
 
     def __init__(self, agent: HyperPodAgent, cluster_name: str = "ml-cluster",
                  cluster_arn: str = "arn:aws:sagemaker:us-east-1:123456789012:cluster/emulated0001",
@@ -68,8 +70,6 @@ class SageMakerEndpoint:
         self.agent, self.cluster_name, self.cluster_arn = agent, cluster_name, cluster_arn
         self.host, self.port = host, port
         self.calls: list[tuple[str, dict]] = []  # (operation, request body) as received
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._operations: dict[str, Callable[[dict], dict]] = {
             "BatchRebootClusterNodes": lambda body: self._batch(body, REBOOT),
@@ -207,42 +207,3 @@ class SageMakerEndpoint:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    def start(self) -> "SageMakerEndpoint":
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as err:  # reported by start()
-                failure.append(err)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop_async())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="sagemaker-endpoint", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        if self._thread is None or self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._thread = None
-
-    def __enter__(self) -> "SageMakerEndpoint":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

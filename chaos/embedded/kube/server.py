@@ -11,10 +11,8 @@ and aggregated discovery are not.  Any bearer token (or none) is accepted; an op
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
-import threading
 from typing import Iterator, Sequence
 
 from aiohttp import web
@@ -28,14 +26,17 @@ from chaos.embedded.kube.resources import NAMESPACES, prepare_new
 from chaos.embedded.kube.rest import Rest, json_response, unknown_path
 from chaos.embedded.kube.status import ApiError
 from chaos.embedded.kube.store import Store
+from chaos.embedded.threaded import ThreadedServer
 
 
-class ApiServer:
+class ApiServer(ThreadedServer):
     """One emulated control plane.  ``start()`` runs it on its own thread and event loop.
 
     ``requests`` keeps the last requests seen (method, path with query, Content-Type,
     Upgrade), so a test can check what a client really sent.
     """
+
+    thread_name = "kube-apiserver"
 
     def __init__(self, lifecycle: PodLifecycle | None = None, budgets: Sequence[DisruptionBudget] = (),
                  rbac: Rbac | None = None, history: int = 1000, bookmark_interval_s: float = 30.0,
@@ -48,8 +49,6 @@ class ApiServer:
         self.rest = Rest(self.store, self.pods, self.evictions, self.lifecycle, rbac, bookmark_interval_s)
         self.requests: collections.deque[tuple[str, str, str, str]] = collections.deque(maxlen=2000)
         self.store.create(NAMESPACES.plural, prepare_new(NAMESPACES, {"metadata": {"name": "default"}}, None))
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -126,46 +125,6 @@ class ApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    def start(self) -> "ApiServer":
-        """Serve on a daemon thread with its own event loop; returns once the port is listening."""
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as err:  # report to start(), which raises it
-                failure.append(err)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop_async())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="kube-apiserver", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        if self._thread is None or self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._thread = None
-
-    def __enter__(self) -> "ApiServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager
