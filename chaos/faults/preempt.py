@@ -47,7 +47,8 @@ MIN_RAY = (2, 58)
 RAY_DEFAULT_DRAIN_WINDOW_S = 30.0
 
 # SIGTERM to the `ray start --block` that owns the node's raylet (found by its exact node
-# id, never by name); prints that PID and its drain window setting.
+# id, never by name); prints that PID and its drain window setting.  A node that would not
+# drain (window <= 0) is refused before anything is sent.
 SIGTERM_RAY_START = r"""
 id={node_id}
 for d in /proc/[0-9]*; do
@@ -59,6 +60,9 @@ for d in /proc/[0-9]*; do
       *) echo "the raylet of node $id (pid ${{d#/proc/}}) was not started by 'ray start --block' (parent $ppid: $parent)" >&2; exit 4;;
     esac
     window=$(tr '\0' '\n' < "/proc/$ppid/environ" 2>/dev/null | sed -n 's/^RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=//p')
+    if [ -n "$window" ] && awk "BEGIN {{ exit !($window <= 0) }}"; then
+      echo "node $id runs with RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=$window: Ray does not drain it on SIGTERM, so a SIGTERM would be no preemption (nothing sent)" >&2; exit 5
+    fi
     kill -TERM "$ppid" && echo "$ppid ${{window:-default}}"; exit 0;;
   esac
 done
@@ -120,9 +124,6 @@ class Preempt(Fault):
                                  f"exit {result.exit_code}: {result.stderr.strip()}")
         pid, window = result.stdout.split()[:2]
         window_s = RAY_DEFAULT_DRAIN_WINDOW_S if window == "default" else float(window)
-        if window_s <= 0:
-            raise InjectionError(f"node {inj.target.node_id[:8]} runs with RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="
-                                 f"{window}: Ray does not drain it on SIGTERM, so this is no preemption")
         if self.kill_after_s is None or self.kill_after_s >= window_s:
             self._notice(ctx, inj, t, window_s)
             return {"via": "sigterm", "ray_start_pid": int(pid), "window_s": window_s}
