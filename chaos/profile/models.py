@@ -315,11 +315,58 @@ class HostsSettings(_Model):
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
+class HyperPodSettings(_Model):
+    """The SageMaker HyperPod cluster whose EKS nodes run the RayCluster: node recovery
+    (reboot, replace) goes through its ``sagemaker`` API with the usual AWS credentials
+    (environment, ~/.aws, instance role), never credentials in the profile."""
+
+    cluster_name: str
+    region: str
+    #: another SageMaker endpoint (a VPC endpoint, or the emulated one on loopback)
+    endpoint_url: str | None = None
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster(cls, v: str) -> str:
+        v = v.strip()
+        if not (re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", v)
+                or re.fullmatch(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}", v)):
+            raise ValueError(f"cluster_name must be the HyperPod cluster's name (1-63 letters, digits, '-') or its "
+                             f"ARN (arn:aws:sagemaker:<region>:<account>:cluster/<id>), got {v!r}")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", v.strip()):
+            raise ValueError(f"region must be an AWS region name like us-west-2, got {v!r}")
+        return v.strip()
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        u = urllib.parse.urlsplit(v.strip())
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"endpoint_url must be http(s)://host[:port], got {v!r}")
+        if u.username or u.password:
+            raise ValueError("endpoint_url must not carry credentials; AWS credentials come from the environment, "
+                             "~/.aws or the instance role, never from the profile")
+        return v.strip().rstrip("/")
+
+
 class KubernetesSettings(_Model):
+    """Which RayCluster, and how the harness reaches its API server: a kubeconfig (and one of
+    its contexts), or the pod's own service account when the harness runs in the cluster."""
+
     namespace: str = "default"
     ray_cluster: str
-    kubeconfig: FilePath | None = None
-    context: str | None = None
+    kubeconfig: FilePath | None = None  # default: $KUBECONFIG, else ~/.kube/config
+    context: str | None = None  # default: the kubeconfig's current-context
+    in_cluster: bool = False  # the service account of the pod the harness runs in
+    request_timeout_s: Seconds = 30.0  # every API request, and reaching the server at the start
+    hyperpod: HyperPodSettings | None = None
 
     @field_validator("namespace")
     @classmethod
@@ -334,6 +381,22 @@ class KubernetesSettings(_Model):
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", v) or len(v) > 253:
             raise ValueError(f"ray_cluster must be the RayCluster's metadata.name (lower-case DNS name), got {v!r}")
         return v
+
+    @field_validator("context")
+    @classmethod
+    def _context(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("context is empty: name a context of the kubeconfig, or leave it out for its "
+                             "current-context")
+        return v.strip() if v else v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "KubernetesSettings":
+        if self.in_cluster and (self.kubeconfig or self.context):
+            given = ", ".join(k for k in ("kubeconfig", "context") if getattr(self, k))
+            raise ValueError(f"in_cluster: true uses the pod's service account; {given} would be ignored: "
+                             f"remove {given} or set in_cluster: false")
+        return self
 
 
 # -- workload -------------------------------------------------------------------------------
