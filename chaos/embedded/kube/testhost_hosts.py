@@ -1,0 +1,75 @@
+"""The HyperPod agent's ``Hosts`` on test hosts: a reboot power-cycles the node's host, a replace
+terminates it and boots a new one.
+
+The evidence of a reboot is a new boot id (``/proc/sys/kernel/random/boot_id`` inside the host,
+``status.nodeInfo.bootID`` on the Node, which the kubelet keeps true to the host).  A replacement
+is a new machine: a new test host with a new address, instance id and node name
+(``hyperpod-<instance id>``, as real HyperPod EKS nodes are named); the HyperPod agent creates
+its Node object and the kubelet fills in its status.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from chaos.embedded.kube.hyperpod import HostInfo, Hosts
+from chaos.embedded.kube.kubelet import HostMachine, Kubelet
+from chaos.embedded.testhost import TestHost, TestHostNetwork
+from chaos.errors import ClusterError
+
+
+def new_instance_id() -> str:
+    """An EC2-shaped instance id: ``i-`` and 17 hex digits."""
+    return "i-" + secrets.token_hex(9)[:17]
+
+
+class TestHostHosts(Hosts):
+    """``HyperPodAgent(api, TestHostHosts(network, kubelet))``: the nodes are ``kubelet``'s, their
+    hosts on ``network``.  Both calls block until the (new) host is up."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(self, network: TestHostNetwork, kubelet: Kubelet, boot_timeout: float | None = None):
+        self.network, self.kubelet = network, kubelet
+        self.boot_timeout = boot_timeout or network.boot_timeout + 5
+
+    def _host(self, node_name: str) -> TestHost:
+        try:
+            machine = self.kubelet.machine(node_name)
+        except KeyError as err:
+            raise ClusterError(f"node {node_name}: {err.args[0]}") from err
+        if not isinstance(machine, HostMachine):
+            raise ClusterError(f"node {node_name} runs on {machine.hostname}, not on a test host: it cannot be "
+                               f"rebooted or replaced")
+        return machine.host
+
+    def reboot(self, node_name: str) -> dict[str, Any]:
+        """Power-cycle the node's host; return ``{"bootID": ...}`` once it is up in a new boot."""
+        host = self._host(node_name)
+        before, boot = host.boot_id, host.boot_count
+        try:
+            host.power_cycle()
+            host.wait_up(after_boot=boot, timeout=self.boot_timeout)
+        except ClusterError as err:  # WaitTimeout included
+            raise ClusterError(f"node {node_name}: reboot of host {host.name} failed: {err}") from err
+        if host.boot_id == before:
+            raise ClusterError(f"node {node_name}: host {host.name} is up but kept boot id {before}")
+        return {"bootID": host.boot_id}
+
+    def replace(self, node_name: str) -> HostInfo:
+        """Power off and remove the node's host, boot a new one and give it to the kubelet."""
+        old = self._host(node_name)
+        instance_id = new_instance_id()
+        new_name = f"hyperpod-{instance_id}"
+        try:
+            self.network.remove_host(old.name)  # the instance is terminated: everything on it dies
+            self.kubelet.remove_node(node_name)
+            host = self.network.add_host(new_name)
+            host.boot(wait=True, timeout=self.boot_timeout)
+        except ClusterError as err:
+            raise ClusterError(f"node {node_name}: replacement by {new_name} failed: {err}") from err
+        self.kubelet.add_node(new_name, HostMachine(host), register=False)
+        return HostInfo(instance_id, node_name=new_name,
+                        addresses=({"type": "InternalIP", "address": host.address},
+                                   {"type": "Hostname", "address": host.name}))
