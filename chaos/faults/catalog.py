@@ -52,8 +52,16 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("partition", "worker_group", impl="chaos.faults.partition.Partition"),
     FaultKind("cuda", "worker_group", impl="chaos.faults.cuda.CudaFault"),
     FaultKind("preempt", "preemption", impl="chaos.faults.preempt.Preempt"),
-    FaultKind("node-replace", "worker_group"),
-    FaultKind("drain", "preemption"),
+    # Kubernetes (chaos/faults/kube.py): a hard pod delete is a failure; a graceful one, an
+    # eviction or a drain SIGTERMs `ray start --block`, which drains the node as PREEMPTION
+    # (what Ray 2.60 really charges: README, "Which budget a fault costs").
+    FaultKind("pod-delete", "worker_group", impl="chaos.faults.kube.PodDelete"),
+    FaultKind("pod-delete-graceful", "preemption", impl="chaos.faults.kube.GracefulPodDelete"),
+    FaultKind("pod-evict", "preemption", impl="chaos.faults.kube.PodEvict"),
+    FaultKind("drain", "preemption", impl="chaos.faults.kube.NodeDrain"),
+    # SageMaker HyperPod node recovery: every pod on the node is force-deleted.
+    FaultKind("hyperpod-reboot", "worker_group", impl="chaos.faults.kube.HyperPodReboot"),
+    FaultKind("node-replace", "worker_group", impl="chaos.faults.kube.HyperPodReplace"),
     FaultKind("xid", None),
 )}
 

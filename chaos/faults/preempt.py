@@ -75,6 +75,24 @@ def ray_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def require_preemption_budget(what: str) -> None:
+    """Refuse a preemption fault on a Ray that would charge it to max_failures (shared by
+    every fault that preempts: this one, a graceful pod deletion, an eviction, a drain)."""
+    if ray_version() < MIN_RAY:
+        raise InjectionError(
+            f"{what} needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]} (SIGTERM drain since 2.57, the preemption "
+            f"budget since 2.58); this harness runs Ray {ray.__version__}, whose preemptions would be "
+            "charged to max_failures")
+
+
+def emit_notice(ctx: FaultContext, inj: Injection, t: float, window_s: float, via: str) -> None:
+    """The ``preemption_notice`` event (when Ray was told, and the deadline) the
+    preemption-window verdict reads, and the same in the injection's evidence."""
+    inj.evidence.update(notice_t=t, deadline_t=t + window_s, window_s=window_s)
+    ctx.timeline.emit("fault", "preemption_notice", t=t, node_id=inj.target.node_id, ledger_id=inj.ledger_id,
+                      via=via, window_s=window_s, deadline=t + window_s)
+
+
 class Preempt(Fault):
     kind = "preempt"
     METHODS = ("sigterm", "drain")
@@ -82,11 +100,7 @@ class Preempt(Fault):
     def __init__(self, rank: int = 1, via: str = "drain", deadline_s: float = 8.0, kill_after_s: float | None = None):
         if via not in self.METHODS:
             raise ValueError(f"preempt via={via!r} unknown; expected one of {self.METHODS}")
-        if ray_version() < MIN_RAY:
-            raise InjectionError(
-                f"preempt needs Ray >= {MIN_RAY[0]}.{MIN_RAY[1]} (SIGTERM drain since 2.57, the preemption "
-                f"budget since 2.58); this harness runs Ray {ray.__version__}, whose preemptions would be "
-                "charged to max_failures")
+        require_preemption_budget("preempt")
         if deadline_s <= 0:
             raise ValueError(f"preempt deadline_s must be > 0, got {deadline_s}")
         if kill_after_s is not None and (via != "sigterm" or kill_after_s <= 0):
@@ -125,9 +139,9 @@ class Preempt(Fault):
         pid, window = result.stdout.split()[:2]
         window_s = RAY_DEFAULT_DRAIN_WINDOW_S if window == "default" else float(window)
         if self.kill_after_s is None or self.kill_after_s >= window_s:
-            self._notice(ctx, inj, t, window_s)
+            emit_notice(ctx, inj, t, window_s, self.via)
             return {"via": "sigterm", "ray_start_pid": int(pid), "window_s": window_s}
-        self._notice(ctx, inj, t, self.kill_after_s)
+        emit_notice(ctx, inj, t, self.kill_after_s, self.via)
         details = self._kill_at(inj, t + self.kill_after_s)
         return {"via": "sigterm", "ray_start_pid": int(pid), "window_s": window_s, **details}
 
@@ -141,7 +155,7 @@ class Preempt(Fault):
         if done.returncode != 0:
             raise InjectionError(f"ray drain-node for node {node[:8]} failed (exit {done.returncode}): "
                                  f"{(done.stderr or done.stdout).strip()[-500:]}")
-        self._notice(ctx, inj, t, self.deadline_s)
+        emit_notice(ctx, inj, t, self.deadline_s, self.via)
         return {"via": "drain", "deadline_s": self.deadline_s, **self._kill_at(inj, t + self.deadline_s)}
 
     def _kill_at(self, inj: Injection, when: float) -> dict:
@@ -157,11 +171,6 @@ class Preempt(Fault):
             raise InjectionError(f"node {node[:8]} could not be killed at its deadline on {transport.host}: "
                                  f"exit {killed.exit_code}: {killed.stderr.strip()}")
         return {"raylet_pid": int(killed.stdout.split()[0]), "killed_at_s": round(time.time() - when, 3)}
-
-    def _notice(self, ctx: FaultContext, inj: Injection, t: float, window_s: float) -> None:
-        inj.evidence.update(notice_t=t, deadline_t=t + window_s, window_s=window_s)
-        ctx.timeline.emit("fault", "preemption_notice", t=t, node_id=inj.target.node_id, ledger_id=inj.ledger_id,
-                          via=self.via, window_s=window_s, deadline=t + window_s)
 
 
 def _ray_cli() -> str:
