@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from chaos.backends.base import Backend, Host
 from chaos.backends.embedded import EmbeddedBackend
+from chaos.backends.kubernetes import KubernetesBackend
 from chaos.backends.ssh import SSHBackend
 from chaos.errors import ProfileError
 
 BACKENDS: dict[str, type[Backend]] = {
     "embedded": EmbeddedBackend,
     "ssh": SSHBackend,
+    "kubernetes": KubernetesBackend,
 }
 
 
@@ -30,4 +32,4 @@ def for_profile(profile) -> Backend:
     return BACKENDS[serving[0]](profile)
 
 
-__all__ = ["BACKENDS", "Backend", "EmbeddedBackend", "Host", "SSHBackend", "for_profile"]
+__all__ = ["BACKENDS", "Backend", "EmbeddedBackend", "Host", "KubernetesBackend", "SSHBackend", "for_profile"]

@@ -53,6 +53,7 @@ class PodRef:
     phase: str | None = None
     ready: bool = False
     deleting: bool = False  # has a deletionTimestamp
+    containers: tuple[str, ...] = ()  # the first is Ray's (KubeRay's RayContainerIndex)
 
     @classmethod
     def from_pod(cls, pod: client.V1Pod) -> "PodRef":
@@ -63,7 +64,8 @@ class PodRef:
                    ip=status.pod_ip if status else None, labels=labels, node_type=labels.get(NODE_TYPE_LABEL),
                    group=labels.get(GROUP_LABEL), phase=status.phase if status else None,
                    ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-                   deleting=meta.deletion_timestamp is not None)
+                   deleting=meta.deletion_timestamp is not None,
+                   containers=tuple(c.name for c in (spec.containers if spec else None) or []))
 
     @property
     def is_head(self) -> bool:

@@ -602,3 +602,62 @@ def test_secret_in_command_finds_tokens_and_keys_but_not_ordinary_flags():
     assert secret_in_command("python train.py --api-key abc").startswith("--api-key")
     assert secret_in_command("python t.py --aws AKIAABCDEFGHIJKLMNOP") == "an AWS access key id"
     assert secret_in_command("TOKENIZERS_PARALLELISM=false python train.py --lr 0.1 --steps 3") is None
+
+
+# -- kubernetes: connection, HyperPod ----------------------------------------------------------
+def test_kuberay_hyperpod_example_loads_for_the_kubernetes_backend():
+    from chaos.backends import KubernetesBackend, for_profile
+
+    p = load_profile(EXAMPLES / "kuberay-hyperpod-eks.yaml")
+    k = p.kubernetes
+    assert (k.namespace, k.ray_cluster, k.in_cluster, k.request_timeout_s) == ("ml-staging", "train", False, 30.0)
+    assert (k.hyperpod.cluster_name, k.hyperpod.region, k.hyperpod.endpoint_url) == \
+        ("ml-staging-hyperpod", "us-west-2", None)
+    assert not p.safety.allow_head and [s.label for s in p.safety.allowlist] == \
+        ["sagemaker.amazonaws.com/instance-group-name=gpu-workers"]
+    assert isinstance(for_profile(p), KubernetesBackend)
+
+
+def test_kubernetes_connection_defaults(tmp_path):
+    k = load_profile(write(tmp_path, MINIMAL + "kubernetes:\n  ray_cluster: train\n")).kubernetes
+    assert (k.context, k.in_cluster, k.request_timeout_s, k.hyperpod) == (None, False, 30.0, None)
+
+
+def test_in_cluster_excludes_kubeconfig_and_context(tmp_path):
+    text = MINIMAL + "kubernetes:\n  ray_cluster: train\n  in_cluster: true\n  context: staging\n"
+    assert_problem(error_of(tmp_path, text), tmp_path / "staging.yaml", 7, "kubernetes",
+                   "in_cluster: true uses the pod's service account; context would be ignored")
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("request_timeout_s", "0", "greater than 0"),
+    ("context", "' '", "context is empty"),
+    ("kubeconfig", "''", "must be a file path"),
+])
+def test_kubernetes_connection_fields(tmp_path, field, value, problem):
+    text = MINIMAL + f"kubernetes:\n  ray_cluster: train\n  {field}: {value}\n"
+    assert_problem(error_of(tmp_path, text), tmp_path / "staging.yaml", line_of(text, f"{field}:"),
+                   f"kubernetes.{field}", problem)
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("cluster_name", "my_cluster", "the HyperPod cluster's name"),
+    ("region", "uswest2", "an AWS region name like us-west-2"),
+    ("endpoint_url", "sagemaker.local:9000", "must be http(s)://host[:port]"),
+    ("endpoint_url", "https://AKID:secret@sagemaker.local", "must not carry credentials"),
+])
+def test_hyperpod_fields_name_the_problem(tmp_path, field, value, problem):
+    fields = {"cluster_name": "ml-hp", "region": "us-west-2", field: value}
+    text = MINIMAL + "kubernetes:\n  ray_cluster: train\n  hyperpod:\n" + \
+        "".join(f"    {k}: {v}\n" for k, v in fields.items())
+    assert_problem(error_of(tmp_path, text), tmp_path / "staging.yaml", line_of(text, f"{field}: {value}"),
+                   f"kubernetes.hyperpod.{field}", problem)
+
+
+def test_hyperpod_needs_cluster_and_region_and_accepts_an_arn(tmp_path):
+    text = MINIMAL + "kubernetes:\n  ray_cluster: train\n  hyperpod:\n    region: us-east-1\n"
+    assert_problem(error_of(tmp_path, text), tmp_path / "staging.yaml", 9, "kubernetes.hyperpod.cluster_name",
+                   "required field")
+    arn = "arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdef123456"
+    p = load_profile(write(tmp_path, text + f"    cluster_name: {arn}\n    endpoint_url: http://127.0.0.1:9000/\n"))
+    assert (p.kubernetes.hyperpod.cluster_name, p.kubernetes.hyperpod.endpoint_url) == (arn, "http://127.0.0.1:9000")
