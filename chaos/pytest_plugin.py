@@ -9,7 +9,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import signal
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -127,8 +129,12 @@ def pytest_collection_modifyitems(config, items):
 def live_reporter(config) -> Reporter:
     """A Reporter whose progress lines reach the terminal as they happen, even under capture."""
     capman = config.pluginmanager.getplugin("capturemanager")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
 
     def echo(text: str) -> None:
+        if worker:  # an xdist worker's stdout is its channel to the controller; its stderr is the terminal
+            print(f"[{worker}] {text}", file=sys.__stderr__, flush=True)
+            return
         if capman is None:
             print(text, flush=True)
             return
@@ -163,11 +169,13 @@ def chaos_env(request) -> Environment:
             pytest.exit(f"--chaos-hosts namespaces: test hosts are not possible here: {why}", returncode=4)
         if hosts == "auto":
             hosts = "namespaces" if supported else "plain"
+        slot = _xdist_slot()
         cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
-                             recovery_delay_s=opt("chaos_recovery_delay"), base_dir=out / "embedded", hosts=hosts,
-                             gpus_per_worker=opt("chaos_gpus_per_worker"))
+                             recovery_delay_s=opt("chaos_recovery_delay"), hosts=hosts,
+                             base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else ""),
+                             gpus_per_worker=opt("chaos_gpus_per_worker"), slot=slot)
         where = ("test hosts in network/PID/mount/UTS namespaces on a 198.18.x.0/24 bridge" if hosts == "namespaces"
-                 else "loopback processes on 127.0.1.x" + ("" if supported else f" (no test hosts: {why})"))
+                 else f"loopback processes on {cfg.loopback_block()}.x" + ("" if supported else f" (no test hosts: {why})"))
         reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                      f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
         backend = backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
@@ -178,6 +186,12 @@ def chaos_env(request) -> Environment:
             Path(results).mkdir(parents=True, exist_ok=True)
             write_environment(results, backend.properties)
         yield env
+
+
+def _xdist_slot() -> int | None:
+    """This session's number among pytest-xdist workers (gw0 -> 0), each with its own cluster."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
 
 
 # -- what suites use ---------------------------------------------------------------

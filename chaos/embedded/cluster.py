@@ -2,7 +2,7 @@
 
 Each worker host's node runs on a ``Machine``.  Plain mode (no root needed): a
 ``LoopbackMachine``, a ``ray start --block`` process tree on the host's own loopback
-address — head 127.0.1.1, workers 127.0.1.2 and up.  127.0.0.1 is never used: Ray silently
+address — head 127.0.1.1, workers 127.0.1.2 and up (127.0.<n+1>.x for ``slot`` n).  127.0.0.1 is never used: Ray silently
 rewrites it to the machine's network address.  Namespaces mode (root): a
 ``TestHostMachine``, the workload of a test host (chaos.embedded.testhost).
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEAD_IP = "127.0.1.1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +76,11 @@ class EmbeddedConfig:
     #: 198.18.<n>.0/24, so several embedded clusters can run on one machine at once
     subnet: str | None = None
     bridge: str | None = None
+    #: which of several clusters started at the same moment this is (0-7; pytest-xdist's
+    #: worker number): its own bridge rcbr<slot>, loopback block 127.0.<slot+1>.x and port
+    #: slice, so concurrent starts cannot pick the same free bridge or port.  None: the first
+    #: free bridge, 127.0.1.x and the whole port range (one cluster at a time).
+    slot: int | None = None
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
     #: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of every node: how long a SIGTERMed node drains
     #: (a preemption's notice).  Ray's default is 30 s; KubeRay users set it just under the
@@ -94,19 +98,33 @@ class EmbeddedConfig:
             raise ValueError(f"hosts={self.hosts!r}: expected 'plain' or 'namespaces'")
         if self.recovery_delay_s < 0:
             raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
+        if self.slot is not None and not 0 <= self.slot < _SLOTS:
+            raise ValueError(f"slot={self.slot}: expected 0-{_SLOTS - 1} (one per concurrent embedded cluster)")
+
+    def ports(self) -> range:
+        """The ports this cluster's nodes may take."""
+        if self.slot is None:
+            return _PORT_RANGE
+        size = len(_PORT_RANGE) // _SLOTS
+        return range(_PORT_RANGE.start + self.slot * size, _PORT_RANGE.start + (self.slot + 1) * size)
+
+    def loopback_block(self) -> str:
+        """The first three octets of the plain-mode addresses (head .1, workers .2 and up)."""
+        return f"127.0.{1 if self.slot is None else self.slot + 1}"
 
 
 _PORTS_HANDED_OUT: set[int] = set()
 _PORT_RANGE = range(61000, 65000)  # above the ephemeral range (32768-60999) and Ray's worker ports (10002-19999)
+_SLOTS = 8  # concurrent clusters (EmbeddedConfig.slot): 500 ports each, ~80 node boots
 
 
-def free_port(ip: str = "0.0.0.0") -> int:
+def free_port(ports: range = _PORT_RANGE) -> int:
     """A port free on every interface, never handed out twice by this process.
 
     Ray's gRPC servers bind the wildcard address, so the check must too; ports come
     from above the kernel's ephemeral range so outgoing connections cannot take them.
     """
-    for port in _PORT_RANGE:
+    for port in ports:
         if port in _PORTS_HANDED_OUT:
             continue
         with socket.socket() as s:
@@ -116,7 +134,7 @@ def free_port(ip: str = "0.0.0.0") -> int:
                 continue
         _PORTS_HANDED_OUT.add(port)
         return port
-    raise ClusterError(f"no free TCP port left in {_PORT_RANGE.start}-{_PORT_RANGE.stop - 1}")
+    raise ClusterError(f"no free TCP port left in {ports.start}-{ports.stop - 1}")
 
 
 def _ray_bin() -> str:
@@ -129,16 +147,11 @@ def _ray_bin() -> str:
     return str(path)
 
 
-def _node_ports_args(ip: str) -> list[str]:
+def _node_ports_args(ports: range) -> list[str]:
     """Explicit free ports: several nodes on one machine must not share Ray's defaults."""
-    return [
-        f"--node-manager-port={free_port(ip)}",
-        f"--object-manager-port={free_port(ip)}",
-        f"--metrics-export-port={free_port(ip)}",
-        f"--dashboard-agent-listen-port={free_port(ip)}",
-        f"--dashboard-agent-grpc-port={free_port(ip)}",
-        f"--runtime-env-agent-port={free_port(ip)}",
-    ]
+    return [f"--{flag}={free_port(ports)}" for flag in (
+        "node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port", "runtime-env-agent-port")]
 
 
 def raylet_of(proc: TrackedProcess) -> tuple[int, str] | None:
@@ -339,8 +352,9 @@ class EmbeddedCluster:
         self.gcs_port = 0
         self.dashboard_port = 0
         self.network = None
-        self.head_ip = HEAD_IP
-        self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"127.0.1.{i + 2}") for i in range(self.config.workers)]
+        block = self.config.loopback_block()
+        self.head_ip = f"{block}.1"
+        self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"{block}.{i + 2}") for i in range(self.config.workers)]
         for host in self.hosts:
             host.machine = LoopbackMachine(self, host)
         self._lock = threading.Lock()
@@ -413,6 +427,8 @@ class EmbeddedCluster:
     def _free_bridge(self) -> tuple[str, str]:
         from chaos.embedded import netns
 
+        if self.config.bridge is None and self.config.slot is not None:
+            self.config.bridge, self.config.subnet = f"rcbr{self.config.slot}", f"198.18.{self.config.slot}.0/24"
         if self.config.bridge:
             if netns.link_exists(self.config.bridge) or netns.netns_names(f"{self.config.bridge}-"):
                 raise ClusterError(f"bridge {self.config.bridge} is already in use (another embedded cluster, or one a "
@@ -425,17 +441,18 @@ class EmbeddedCluster:
         raise ClusterError("no free test-host bridge among rcbr0..rcbr15; stop other embedded clusters first")
 
     def _start_head(self) -> None:
-        self.gcs_port = free_port()
-        self.dashboard_port = free_port()
+        ports = self.config.ports()
+        self.gcs_port = free_port(ports)
+        self.dashboard_port = free_port(ports)
         argv = [
             _ray_bin(), "start", "--head", "--block",
             f"--node-ip-address={self.head_ip}", f"--port={self.gcs_port}",
             "--num-cpus=0", "--num-gpus=0",
             "--include-dashboard=true", f"--dashboard-host={self.head_ip}", f"--dashboard-port={self.dashboard_port}",
-            f"--ray-client-server-port={free_port()}",
+            f"--ray-client-server-port={free_port(ports)}",
             f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
             f"--temp-dir={self.temp_dir / 'head'}",
-            *_node_ports_args(self.head_ip),
+            *_node_ports_args(ports),
         ]
         self.head = TrackedProcess(argv, self.log_dir / "head.log", env=self._env(), name="ray-head")
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -467,7 +484,7 @@ class EmbeddedCluster:
             f"--resources={json.dumps({'chaos_' + host.name.replace('-', '_'): 1})}",
             # Own temp dir per node: concurrent starts otherwise race for socket names.
             f"--temp-dir={self.temp_dir / host.name}",
-            *_node_ports_args(host.ip),
+            *_node_ports_args(self.config.ports()),
         ]
         host.boots += 1
         log.info("booting %s at %s (boot %d)", host.name, host.ip, host.boots)

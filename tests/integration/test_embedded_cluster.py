@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = EmbeddedCluster(EmbeddedConfig(workers=3, recovery_delay_s=0.5, base_dir=tmp_path_factory.mktemp("emb")))
+    # slot 2, as pytest-xdist's third worker would have it: its own loopback block and ports
+    c = EmbeddedCluster(EmbeddedConfig(workers=3, recovery_delay_s=0.5, base_dir=tmp_path_factory.mktemp("emb"), slot=2))
     c.up()
     yield c
     c.down()
@@ -34,8 +35,11 @@ def cluster_pids(c):
 
 def test_nodes_live_on_their_own_loopback_addresses(cluster):
     nodes = cluster.gcs_nodes()
-    assert sorted(n["ip"] for n in nodes) == ["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"]
+    assert sorted(n["ip"] for n in nodes) == ["127.0.3.1", "127.0.3.2", "127.0.3.3", "127.0.3.4"]
     assert all(n["alive"] for n in nodes)
+    ports = cluster.config.ports()
+    assert cluster.gcs_port in ports and cluster.dashboard_port in ports, (cluster.gcs_port, ports)
+    assert ports == range(62000, 62500)
 
 
 def test_no_ray_connection_leaves_loopback(cluster):
@@ -79,6 +83,8 @@ def test_startup_failure_names_what_failed_and_leaves_nothing(tmp_path, monkeypa
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="at least 1 worker"):
         EmbeddedConfig(workers=0)
+    with pytest.raises(ValueError, match=r"slot=8: expected 0-7"):
+        EmbeddedConfig(slot=8)
 
 
 def test_command_line_up_status_down(tmp_path):
