@@ -245,6 +245,40 @@ class Chaos:
     def raylet_kill(self, rank: int = 1) -> RayletKill:
         return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
 
+    # Kubernetes and HyperPod faults (chaos.faults.kube): a session whose backend has no
+    # Kubernetes API skips the test saying so.
+    def pod_delete(self, rank: int = 1):
+        """The rank's Ray pod deleted with grace 0 (a failure: max_failures)."""
+        return self._kube_fault("PodDelete", rank=rank)
+
+    def pod_delete_graceful(self, rank: int = 1, grace_s: int | None = None):
+        """Deleted with the pod's own grace or ``grace_s`` (Ray drains it as a preemption)."""
+        return self._kube_fault("GracefulPodDelete", rank=rank, grace_s=grace_s)
+
+    def pod_evict(self, rank: int = 1, grace_s: int | None = None, retry_s: float | None = None):
+        """Evicted through policy/v1; a disruption budget's 429 retried for ``retry_s`` if given."""
+        return self._kube_fault("PodEvict", rank=rank, grace_s=grace_s, retry_s=retry_s)
+
+    def node_drain(self, rank: int = 1, timeout_s: float = 60.0):
+        """``kubectl drain`` of the rank's Kubernetes node (cordon + evict), uncordoned on revert."""
+        return self._kube_fault("NodeDrain", rank=rank, timeout_s=timeout_s)
+
+    def hyperpod_reboot(self, rank: int = 1, via: str = "label", recover_timeout_s: float = 600.0):
+        """HyperPod reboot of the rank's node, by node-health label or boto3."""
+        return self._kube_fault("HyperPodReboot", rank=rank, via=via, recover_timeout_s=recover_timeout_s)
+
+    def hyperpod_replace(self, rank: int = 1, via: str = "label", recover_timeout_s: float = 600.0):
+        """HyperPod replacement of the rank's node, by node-health label or boto3."""
+        return self._kube_fault("HyperPodReplace", rank=rank, via=via, recover_timeout_s=recover_timeout_s)
+
+    def _kube_fault(self, name: str, **kwargs):
+        from chaos.faults import kube
+
+        cls = getattr(kube, name)
+        if getattr(self.env.backend, "kube", None) is None:
+            pytest.skip(f"{cls.kind} needs the Kubernetes API: this session's backend is {self.env.backend.label}")
+        return cls(**kwargs)
+
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
                checkpoint_in_window: bool | None = None) -> Expect:

@@ -447,3 +447,18 @@ def test_a_sagemaker_error_names_its_code_and_the_mark_is_reverted(hyperpod):
                                              ".*ResourceNotFound"):
         fault.inject(ctx, inj)
     assert fault.revert(ctx, inj) is False and node_state(server, name) == (False, None) and hosts.calls == []
+
+
+def test_the_chaos_fixture_builds_them_and_skips_where_there_is_no_kubernetes(server):
+    from types import SimpleNamespace
+
+    from chaos.pytest_plugin import Chaos
+
+    kube = Chaos(SimpleNamespace(backend=FakeBackend(access(server), {})), request=None)
+    assert isinstance(kube.pod_delete(rank=2), PodDelete) and kube.pod_delete(rank=2).rank == 2
+    assert kube.pod_evict(retry_s=30).retry_s == 30 and kube.hyperpod_replace(via="boto3").via == "boto3"
+    assert (type(kube.pod_delete_graceful()), type(kube.node_drain()), type(kube.hyperpod_reboot())) == \
+        (GracefulPodDelete, NodeDrain, HyperPodReboot)
+    plain = Chaos(SimpleNamespace(backend=SimpleNamespace(kube=None, label="embedded")), request=None)
+    with pytest.raises(pytest.skip.Exception, match="pod-delete needs the Kubernetes API: .* backend is embedded"):
+        plain.pod_delete()
