@@ -108,15 +108,28 @@ def running_pod(server: ApiServer, kubelet: Kubelet, name: str, node_name: str, 
         "nodeName": node_name, "terminationGracePeriodSeconds": grace,
         "containers": [{"name": "ray", "image": "rayproject/ray", "command": ["sh", "-c", script]}]}}, "default"))
     wait_for(server, lambda: conditions(pod(server, name) or {"status": {}}).get("Ready") == "True",
-             f"pod {name} Ready", seen=lambda: pod(server, name))
+             f"pod {name} Ready", timeout=30, seen=lambda: pod(server, name))
     main, pids = kubelet.processes("default", name)
     assert main is not None and main in pids, (main, pids)
     return main, pids
 
 
-def traps_term(marker: Path, then: str) -> str:
-    """A container that records SIGTERM in ``marker`` then runs ``then``; a child sleep keeps it busy."""
-    return f'trap "echo TERM >> {marker}; {then}" TERM; while :; do sleep 1000 & wait $!; done'
+def trapping_pod(server: ApiServer, kubelet: Kubelet, tmp_path: Path, node_name: str, then: str,
+                 grace: int = 30) -> tuple[list[int], Path]:
+    """Pod ``w`` whose shell records SIGTERM in a marker file, then runs ``then``; a child sleep keeps
+    it busy.  Returned once the trap is set (the shell says so through a FIFO): its PIDs, the marker."""
+    marker, fifo = tmp_path / "term", tmp_path / "trap-set"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _, pids = running_pod(server, kubelet, "w", node_name, f'trap "echo TERM >> {marker}; {then}" TERM; '
+                              f'echo set > {fifo}; while :; do sleep 1000 & wait $!; done', grace)
+        if not select.select([reader], [], [], 10)[0]:
+            pytest.fail(f"the container's shell never said its SIGTERM trap was set (through {fifo})")
+        assert os.read(reader, 16) == b"set\n"
+    finally:
+        os.close(reader)
+    return kubelet.processes("default", "w")[1], marker
 
 
 def test_nodes_are_registered_true_to_their_machines(server, network):
@@ -170,8 +183,7 @@ def test_head_pod_runs_on_this_machine(server, kubelet, network):
 
 
 def test_graceful_delete_sigterm_then_the_object_goes_with_the_processes(server, kubelet, tmp_path):
-    marker = tmp_path / "term"
-    main, pids = running_pod(server, kubelet, "w", "kl-b", traps_term(marker, "exit 0"))
+    pids, marker = trapping_pod(server, kubelet, tmp_path, "kl-b", "exit 0")
     fds = pidfds(pids)
     core(server).delete_namespaced_pod("w", "default", grace_period_seconds=30)
     wait_for(server, lambda: pod(server, "w") is None, "w gone", seen=lambda: pod(server, "w"))
@@ -180,8 +192,7 @@ def test_graceful_delete_sigterm_then_the_object_goes_with_the_processes(server,
 
 
 def test_graceful_delete_sigkills_a_container_that_ignores_sigterm(server, kubelet, tmp_path):
-    marker = tmp_path / "term"
-    main, pids = running_pod(server, kubelet, "w", "kl-a", traps_term(marker, ":"))
+    pids, marker = trapping_pod(server, kubelet, tmp_path, "kl-a", ":")
     fds = pidfds(pids)
     start = time.monotonic()
     core(server).delete_namespaced_pod("w", "default", grace_period_seconds=2)
@@ -193,8 +204,7 @@ def test_graceful_delete_sigkills_a_container_that_ignores_sigterm(server, kubel
 
 
 def test_a_shorter_grace_on_a_second_delete_shortens_the_wait(server, kubelet, tmp_path):
-    marker = tmp_path / "term"
-    _, pids = running_pod(server, kubelet, "w", "kl-a", traps_term(marker, ":"))
+    pids, marker = trapping_pod(server, kubelet, tmp_path, "kl-a", ":")
     fds = pidfds(pids)
     api = core(server)
     api.delete_namespaced_pod("w", "default", grace_period_seconds=30)
@@ -208,8 +218,7 @@ def test_a_shorter_grace_on_a_second_delete_shortens_the_wait(server, kubelet, t
 
 
 def test_forced_delete_removes_the_object_and_kills_after_the_2s_floor(server, kubelet, tmp_path):
-    marker = tmp_path / "term"
-    _, pids = running_pod(server, kubelet, "w", "kl-b", traps_term(marker, ":"))
+    pids, marker = trapping_pod(server, kubelet, tmp_path, "kl-b", ":")
     fds = pidfds(pids)
     start = time.monotonic()
     core(server).delete_namespaced_pod("w", "default", body=client.V1DeleteOptions(grace_period_seconds=0))

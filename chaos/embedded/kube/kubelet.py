@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KUBELET_MIN_GRACE_S = 2  # kuberuntime's minimumGracePeriodInSeconds
-START_TIMEOUT_S = 10.0  # from fork to the container's first instruction
+START_WARNING_S = 10.0  # a container not started by then is worth a warning
 REAP_TIMEOUT_S = 10.0  # SIGKILLed processes must be gone by then
 DEFAULT_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
 RUNTIME_VERSION = "chaos-emulated://1"
@@ -186,6 +186,7 @@ class _Node:
     machine: NodeMachine
     labels: dict[str, str]
     capacity: dict[str, str]
+    register: bool  # False: another party creates the Node object
     pending: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # uid -> (ns, name)
     removed: bool = False
 
@@ -252,7 +253,6 @@ class Kubelet(PodLifecycle):
         self._containers: dict[str, _Container] = {}  # pod uid -> container
         self._execs: set[_Exec] = set()
         self._closed = threading.Event()
-        self._adopters: list[threading.Thread] = []
 
     # ---- nodes -------------------------------------------------------------------------
     def attach(self, pods: "Pods") -> None:
@@ -260,28 +260,21 @@ class Kubelet(PodLifecycle):
         with self._lock:
             nodes = list(self._nodes.values())
         for node in nodes:
-            self._register(node)
+            self._announce(node)
 
     def add_node(self, name: str, machine: NodeMachine, labels: Mapping[str, str] | None = None,
                  capacity: Mapping[str, str] | None = None, register: bool = True) -> None:
         """Run the pods bound to node ``name`` on ``machine``.  ``register``: create the Node object
         (or take over an existing one); False: someone else creates it (the HyperPod agent does for
         a replacement host) and this kubelet fills in its status once it exists."""
-        node = _Node(name, machine, dict(labels or {}), {**_machine_capacity(), **(capacity or {})})
+        node = _Node(name, machine, dict(labels or {}), {**_machine_capacity(), **(capacity or {})}, register)
         with self._lock:
             if name in self._nodes:
                 raise ValueError(f"node {name} already has a machine ({self._nodes[name].machine.hostname})")
             self._nodes[name] = node
         machine.on_power_change(lambda up, boot_id: self._power_changed(node, up, boot_id))
-        if not hasattr(self, "pods"):
-            return  # attach() registers it
-        if register:
-            self._register(node)
-        else:
-            thread = threading.Thread(target=self._adopt, args=(node,), name=f"kubelet-adopt:{name}", daemon=True)
-            with self._lock:
-                self._adopters = [t for t in self._adopters if t.is_alive()] + [thread]
-            thread.start()
+        if hasattr(self, "pods"):  # else attach() announces it
+            self._announce(node)
 
     def remove_node(self, name: str) -> None:
         """Forget node ``name``: SIGKILL its containers and wait for them.  The Node object stays
@@ -297,7 +290,7 @@ class Kubelet(PodLifecycle):
             self._kill(c)
         for c in containers:
             if c.thread is not None:
-                c.thread.join(REAP_TIMEOUT_S + START_TIMEOUT_S)
+                c.thread.join(2 * REAP_TIMEOUT_S)
 
     def machine(self, name: str) -> NodeMachine:
         with self._lock:
@@ -317,6 +310,12 @@ class Kubelet(PodLifecycle):
     def node_names(self) -> list[str]:
         with self._lock:
             return sorted(self._nodes)
+
+    def _announce(self, node: _Node) -> None:
+        if node.register:
+            self._register(node)
+        else:  # its thread ends once the Node appears, or at the first change after close(), or in 60 s
+            threading.Thread(target=self._adopt, args=(node,), name=f"kubelet-adopt:{node.name}", daemon=True).start()
 
     def _register(self, node: _Node) -> None:
         """Create the Node, or take over one of that name (as a restarted kubelet does)."""
@@ -498,49 +497,48 @@ class Kubelet(PodLifecycle):
         exit_fd = os.pidfd_open(proc.pid)
         try:
             with report:
-                readable = select.select([report, exit_fd], [], [], START_TIMEOUT_S)[0]
+                readable = select.select([report, exit_fd], [], [], START_WARNING_S)[0]
+                if not readable:  # no deadline: a slow start is no failure (a delete still kills it)
+                    log.warning("pod %s/%s: container (PID %d) has not started its command after %.0fs; waiting",
+                                c.namespace, c.pod, proc.pid, START_WARNING_S)
+                    readable = select.select([report, exit_fd], [], [])[0]
                 if report in readable:
-                    c.main_pid = _sender_pid(report)
-                    try:
-                        c.main_fd = os.pidfd_open(c.main_pid)
-                    except ProcessLookupError:
-                        pass  # already gone: the exit below says how it went
-            if c.main_pid is None and not readable:
-                log.warning("pod %s/%s: container sent no PID within %.0fs; killing it", c.namespace, c.pod,
-                            START_TIMEOUT_S)
-                self._kill(c)
-            self._started(c)
+                    self._main_started(c, _sender_pid(report))
             select.select([exit_fd], [], [])  # exited (a zombie until reaped: its PID stays ours)
             self._clear(c)
         finally:
             os.close(exit_fd)
         code = proc.wait()
-        if c.main_fd is not None:
-            os.close(c.main_fd)
         with c.lock:
             if c.timer is not None:
                 c.timer.cancel()
+            if c.main_fd is not None:
+                os.close(c.main_fd)
+                c.main_fd = None
             c.done = True
             terminating, killed = c.terminating, c.killed
         with self._lock:
             self._containers.pop(c.uid, None)
         self._finished(c, code, terminating, killed)
 
-    def _started(self, c: _Container) -> None:
+    def _main_started(self, c: _Container, pid: int) -> None:
+        """The container's command runs as ``pid``: Running and Ready; SIGTERM if a delete came first."""
         with c.lock:
-            term = c.terminating
-        if c.main_pid is None:
-            return
+            c.main_pid = pid
+            try:
+                c.main_fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return  # already gone: the exit says how it went
+            if c.terminating:
+                _pidfd_signal(c.main_fd, signal.SIGTERM)
         log.info("pod %s/%s: container %s started on node %s, main PID %d", c.namespace, c.pod, c.name, c.node.name,
-                 c.main_pid)
+                 pid)
         address = c.node.machine.address
         self._status(c.namespace, c.pod, c.uid, {
             "phase": "Running", "hostIP": address, "hostIPs": [{"ip": address}], "podIP": address,
             "podIPs": [{"ip": address}], "startTime": c.started_at,
             "containerStatuses": [self._container_status(c, {"running": {"startedAt": c.started_at}}, True)]},
             ready=True)
-        if term:  # the delete came before the PID: signal now
-            self._signal_main(c, signal.SIGTERM)
 
     def _finished(self, c: _Container, code: int, terminating: bool, killed: bool) -> None:
         exit_code = 128 - code if code < 0 else code
@@ -606,8 +604,12 @@ class Kubelet(PodLifecycle):
                 stopped_already = True
             else:
                 stopped_already = False
-                first = not c.terminating
-                c.terminating = True
+                if not c.terminating:
+                    c.terminating = True
+                    log.info("pod %s/%s: SIGTERM to main PID %s, SIGKILL in %.0fs", c.namespace, c.pod, c.main_pid,
+                             grace)
+                    if c.main_fd is not None:  # else it goes as soon as the PID is known
+                        _pidfd_signal(c.main_fd, signal.SIGTERM)
                 if c.kill_at is None or kill_at < c.kill_at:
                     c.kill_at = kill_at
                     if c.timer is not None:
@@ -615,24 +617,8 @@ class Kubelet(PodLifecycle):
                     c.timer = threading.Timer(grace, self._kill, args=(c,))
                     c.timer.daemon = True
                     c.timer.start()
-        if stopped_already:
-            if not gone:
-                self.pods.containers_stopped(c.namespace, c.pod, c.uid)
-            return
-        if first:
-            log.info("pod %s/%s: SIGTERM to main PID %s, SIGKILL in %.0fs", c.namespace, c.pod, c.main_pid, grace)
-            self._signal_main(c, signal.SIGTERM)
-
-    @staticmethod
-    def _signal_main(c: _Container, signum: int) -> None:
-        with c.lock:
-            fd = c.main_fd
-            if fd is None:
-                return
-            try:
-                signal.pidfd_send_signal(fd, signum)
-            except ProcessLookupError:
-                pass
+        if stopped_already and not gone:
+            self.pods.containers_stopped(c.namespace, c.pod, c.uid)
 
     def _kill(self, c: _Container) -> None:
         """SIGKILL every process of the container (grace over, close, node removed)."""
@@ -706,7 +692,7 @@ class Kubelet(PodLifecycle):
                 errors.append(str(err))
         for c in containers:
             if c.thread is not None:
-                c.thread.join(REAP_TIMEOUT_S + START_TIMEOUT_S)
+                c.thread.join(2 * REAP_TIMEOUT_S)
                 if c.thread.is_alive():
                     errors.append(f"pod {c.namespace}/{c.pod} (PID {c.main_pid})")
         for e in execs:
@@ -722,6 +708,13 @@ class Kubelet(PodLifecycle):
                 os.close(fd)
         if errors:
             raise WaitTimeout(f"kubelet close: still running after SIGKILL: {', '.join(errors)}")
+
+
+def _pidfd_signal(fd: int, signum: int) -> None:
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except ProcessLookupError:
+        pass  # exited already
 
 
 def _sender_pid(sock: socket.socket) -> int:
@@ -772,7 +765,7 @@ def _kill_tree(pids: Sequence[int], what: str) -> None:
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                pass  # exited since /proc was read
         for fd in fds:
             if not select.select([fd], [], [], REAP_TIMEOUT_S)[0]:
                 raise WaitTimeout(f"{what}: awaited the exit of SIGKILLed processes {list(pids)} for "
