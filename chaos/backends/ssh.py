@@ -29,6 +29,8 @@ class SSHBackend(Backend):
 
     @classmethod
     def serves(cls, profile) -> bool:
+        if profile.kubernetes is not None:  # pods are reached through the Kubernetes API
+            return False
         hosts = profile.hosts
         return all(t in TRANSPORTS for t in [hosts.defaults.transport, *(o.transport for o in hosts.overrides)]
                    if t is not None)

@@ -34,19 +34,9 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 GROUP_LABEL = "sagemaker.amazonaws.com/instance-group-name"
 
 
-class Server(ApiServer):
-    """The emulated server, also answering ``GET /version/``: the path the Python client's
-    VersionApi asks (a real apiserver serves both; the emulator only ``/version`` so far)."""
-
-    def application(self):
-        app = super().application()
-        app.router.add_get("/version/", self._version)
-        return app
-
-
 @pytest.fixture
 def api(kubelet):
-    with Server(lifecycle=kubelet) as server:
+    with ApiServer(lifecycle=kubelet) as server:
         yield server
 
 
@@ -117,7 +107,7 @@ def test_an_unreachable_server_is_named_within_the_deadline(tmp_path):
 
 def test_rbac_refusals_name_identity_verb_resource_and_namespace(kubelet, tmp_path):
     rbac = Rbac((Rule(("get", "list"), ("pods",)),))
-    with Server(lifecycle=kubelet, rbac=rbac) as server:
+    with ApiServer(lifecycle=kubelet, rbac=rbac) as server:
         add_node(server, "n1", {})
         ray_pod(server, "rc-gpu-worker-a", "n1", "10.0.0.11")
         kube = KubeAccess.from_settings(settings(kubeconfig(server, tmp_path)))

@@ -113,10 +113,13 @@ def test_a_profile_reached_over_ssh_or_locally_gets_the_ssh_backend():
     assert b.storage_path == "/mnt/shared/chaos"
 
 
-def test_a_profile_no_backend_serves_is_refused_by_name():
+def test_a_kubernetes_profile_is_served_by_the_kubernetes_backend_only():
+    from chaos.backends.kubernetes import KubernetesBackend
+
     p = profile(hosts={"defaults": {"transport": "k8s"}}, kubernetes={"ray_cluster": "rc"})
-    with pytest.raises(ProfileError, match=r"no backend reaches hosts over k8s \(backends: embedded, ssh\)"):
-        backends.for_profile(p)
+    assert isinstance(backends.for_profile(p), KubernetesBackend)
+    # A kubernetes section without a hosts section: still only the kubernetes backend claims it.
+    assert isinstance(backends.for_profile(profile(kubernetes={"ray_cluster": "rc"})), KubernetesBackend)
 
 
 def test_every_registered_backend_has_its_registry_name():

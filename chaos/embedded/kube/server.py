@@ -58,6 +58,7 @@ class ApiServer(ThreadedServer):
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
         app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # the python client's VersionApi asks with the slash
         app.router.add_get("/api", self._api)
         app.router.add_get("/apis", self._apis)
         app.router.add_get("/api/v1", self._core)
