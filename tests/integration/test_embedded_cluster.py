@@ -108,3 +108,79 @@ def test_command_line_up_status_down(tmp_path):
         assert not netns.netns_names(f"{state['bridge']}-") and not netns.link_exists(state["bridge"]), \
             "test hosts left after `down`"
     assert run("status").returncode == 1
+
+
+def test_command_line_kubernetes_up_kubectl_down(tmp_path):
+    """`up --kubernetes`: the real kubectl sees the RayCluster's pods Running on HyperPod-labelled
+    nodes, the written profile is the kubernetes backend's, and `down` leaves nothing."""
+    import shutil
+
+    from chaos.backends import KubernetesBackend, for_profile
+    from chaos.embedded import netns
+    from chaos.embedded.testhost import testhosts_supported
+    from chaos.profile import load_profile
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not on this machine: no kubectl on PATH (the gcloud kubectl package provides it)")
+    supported, why = testhosts_supported()
+    if not supported:
+        pytest.skip(f"the embedded Kubernetes cluster's nodes are test hosts: {why}")
+    base, profile_path, home = tmp_path / "k8s", tmp_path / "k8s.yaml", tmp_path / "home"
+    home.mkdir()
+    run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(base)],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=180)
+    up = run("up", "--kubernetes", "--workers", "2", "--profile-out", str(profile_path))
+    state = {}
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((base / "state.json").read_text())
+        assert f"kubectl --kubeconfig {state['kubeconfig']} get pods -n ray" in up.stdout, up.stdout
+
+        def kube(*args):
+            done = subprocess.run([kubectl, "--kubeconfig", state["kubeconfig"], *args, "-o", "json"],
+                                  env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+            return json.loads(done.stdout)["items"]
+
+        pods = kube("get", "pods", "-n", "ray", "-l", "ray.io/cluster=raytrain")
+        assert sorted((p["metadata"]["labels"]["ray.io/node-type"], p["status"]["phase"]) for p in pods) == \
+            [("head", "Running"), ("worker", "Running"), ("worker", "Running")], pods
+        labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube("get", "nodes")}
+        workers = {p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"}
+        assert len(workers) == 2 and workers <= set(labels), (workers, sorted(labels))
+        for name in workers:
+            assert {"sagemaker.amazonaws.com/compute-type": "hyperpod",
+                    "sagemaker.amazonaws.com/instance-group-name": "workers",
+                    "sagemaker.amazonaws.com/node-health-status": "Schedulable"}.items() <= labels[name].items(), \
+                labels[name]
+
+        profile = load_profile(profile_path)
+        assert isinstance(for_profile(profile), KubernetesBackend)
+        assert (profile.kubernetes.kubeconfig, profile.ray.gcs_address) == (state["kubeconfig"], state["gcs_address"])
+        st = run("status")
+        assert st.returncode == 0 and json.loads(st.stdout)["supervisor_alive"], st.stdout + st.stderr
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "removed what the supervisor left" not in down.stdout, down.stdout  # the supervisor tore it all down
+    sessions = [p["session"] for p in state["pods"]] + [n["host_pids"]["unshare"] for n in state["nodes"]
+                                                         if n["test_host"]]
+    assert None not in sessions and len(sessions) == 5, state
+    recorded = set(sessions) | {p["main_pid"] for p in state["pods"]} | {state["serve_pid"]} | \
+        {pid for n in state["nodes"] for pid in n["host_pids"].values()}
+    assert not any(session_members(s) for s in sessions), "container or test-host processes left after `down`"
+    assert not [pid for pid in recorded if _running(pid)], "recorded processes left after `down`"
+    assert not netns.netns_names(f"{state['bridge']}-") and not netns.link_exists(state["bridge"]), \
+        "test hosts left after `down`"
+    assert not Path(state["ray_tmp_root"]).exists()
+    assert run("status").returncode == 1
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan that PID 1 has not reaped yet is gone already)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
