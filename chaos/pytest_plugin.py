@@ -57,6 +57,9 @@ def pytest_addoption(parser):
     g.addoption("--chaos-hosts", choices=["auto", "plain", "namespaces"], default="auto",
                 help="embedded workers as loopback processes (plain) or test hosts with their own network/PID "
                      "namespaces, sshd and boot id (namespaces, needs root); auto picks namespaces when possible")
+    g.addoption("--chaos-kubernetes", action="store_true",
+                help="embedded cluster as KubeRay on the emulated Kubernetes API with HyperPod-like node recovery "
+                     "(test hosts as nodes, needs root); the kubernetes backend drives it, as a real cluster")
     g.addoption("--chaos-node-recovery", choices=["automatic", "off"], default="automatic",
                 help="embedded cluster: bring a node whose raylet died back, as SageMaker HyperPod does")
     g.addoption("--chaos-recovery-delay", type=float, default=2.0, metavar="S",
@@ -79,6 +82,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "chaos: a chaos suite (starts a Ray cluster and injects faults); "
                                        "runs only with -m chaos")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
+    config.addinivalue_line("markers", "kubernetes: a chaos suite of Kubernetes/HyperPod faults "
+                                       "(--chaos-kubernetes, or a profile with a kubernetes section)")
     config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
                           ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1)):
@@ -149,10 +154,8 @@ def live_reporter(config) -> Reporter:
 def chaos_env(request) -> Environment:
     """The cluster under test: the backend that serves --chaos-profile, else the embedded cluster."""
     from chaos import backends
-    from chaos.allure_site import write_environment
     from chaos.embedded.cluster import EmbeddedConfig
     from chaos.embedded.testhost import testhosts_supported
-    from chaos.ledger import Ledger
 
     opt = request.config.getoption
     out = Path(opt("chaos_reports")).resolve()
@@ -162,6 +165,9 @@ def chaos_env(request) -> Environment:
         reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
                      + (" (DRY RUN: nothing will be injected)" if opt("chaos_dry_run") else ""))
         backend = backends.for_profile(profile)
+    elif opt("chaos_kubernetes"):
+        yield from _embedded_kubernetes(request, out, reporter)
+        return
     else:
         hosts = opt("chaos_hosts")
         supported, why = testhosts_supported()
@@ -179,13 +185,51 @@ def chaos_env(request) -> Environment:
         reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                      f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
         backend = backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
-    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=opt("chaos_dry_run"))
+    yield from _session(request, backend, out, reporter)
+
+
+def _session(request, backend, out: Path, reporter: Reporter):
+    from chaos.allure_site import write_environment
+    from chaos.ledger import Ledger
+
+    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=request.config.getoption("chaos_dry_run"))
     with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
         results = request.config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)
             write_environment(results, backend.properties)
         yield env
+
+
+def _embedded_kubernetes(request, out: Path, reporter: Reporter):
+    """The embedded Kubernetes cluster, driven through its profile by the kubernetes backend."""
+    import time
+
+    from chaos.backends.kubernetes import KubernetesBackend
+    from chaos.embedded.kubernetes import EmbeddedKubernetes, KubeClusterConfig
+    from chaos.embedded.testhost import testhosts_supported
+    from chaos.profile import profile_from_dict
+
+    supported, why = testhosts_supported()
+    if not supported:
+        pytest.exit(f"--chaos-kubernetes: its nodes are test hosts, which are not possible here: {why}", returncode=4)
+    slot = _xdist_slot()
+    cfg = KubeClusterConfig(workers=request.config.getoption("chaos_workers"), slot=slot,
+                            base_dir=out / "embedded-k8s" / (f"slot{slot}" if slot is not None else ""))
+    reporter.say(f"starting the embedded Kubernetes cluster: RayCluster {cfg.namespace}/{cfg.ray_cluster}, 1 head + "
+                 f"{cfg.workers} worker pods on HyperPod-labelled test-host nodes; emulated API server, kubelet, "
+                 "KubeRay-like reconciler, HyperPod-like agent and SageMaker endpoint")
+    t0 = time.monotonic()
+    cluster = EmbeddedKubernetes(cfg).up()
+    try:
+        reporter.say(f"embedded Kubernetes cluster up in {time.monotonic() - t0:.1f} s: API {cluster.server.url}, "
+                     f"kubeconfig {cluster.kubeconfig}, dashboard {cluster.dashboard_url}")
+        backend = KubernetesBackend(profile_from_dict(cluster.profile(), source="--chaos-kubernetes"))
+        backend.embedded_kubernetes = cluster
+        yield from _session(request, backend, out, reporter)
+    finally:
+        cluster.down()
+        reporter.say("embedded Kubernetes cluster stopped")
 
 
 def _xdist_slot() -> int | None:
@@ -324,6 +368,12 @@ class Chaos:
         from chaos.backends import EmbeddedBackend
 
         return self.env.backend.embedded if isinstance(self.env.backend, EmbeddedBackend) else None
+
+    @property
+    def embedded_kubernetes(self):
+        """The embedded Kubernetes cluster (chaos.embedded.kubernetes.EmbeddedKubernetes) under
+        --chaos-kubernetes, else None."""
+        return getattr(self.env.backend, "embedded_kubernetes", None)
 
 
 def _charged_to(profile, fault) -> str | None:

@@ -52,6 +52,8 @@ class KubernetesBackend(Backend):
         self._given_kube = kube is not None
         self._baseline = 0  # alive Ray workers when the session started
         self._pod_baseline = 0  # Running+Ready worker pods then
+        #: the harness's own emulated cluster (chaos.embedded.kubernetes), under --chaos-kubernetes
+        self.embedded_kubernetes = None
 
     @property
     def label(self) -> str:
