@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import threading
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
 
@@ -58,8 +59,13 @@ class Host:
 def connect(gcs_address: str, driver_ip: str | None) -> None:
     """Connect this process to the cluster as the harness's driver."""
     kwargs = {"_node_ip_address": driver_ip} if driver_ip else {}
+    # ray.init makes SIGTERM sys.exit(15), which ends pytest without its teardown (the
+    # embedded cluster, test hosts and pods would be left running): keep the harness's own.
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(address=gcs_address, namespace=NAMESPACE, runtime_env={"py_modules": [os.path.dirname(chaos.__file__)]},
              log_to_driver=False, logging_level=logging.WARNING, **kwargs)
+    if threading.current_thread() is threading.main_thread() and on_sigterm is not None:
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def ray_node_info(cluster: ClusterView, node_id: str) -> NodeInfo | None:
