@@ -462,3 +462,38 @@ def test_the_chaos_fixture_builds_them_and_skips_where_there_is_no_kubernetes(se
     plain = Chaos(SimpleNamespace(backend=SimpleNamespace(kube=None, label="embedded")), request=None)
     with pytest.raises(pytest.skip.Exception, match="pod-delete needs the Kubernetes API: .* backend is embedded"):
         plain.pod_delete()
+
+
+def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_session_left(tmp_path):
+    """The README's `ray-chaos sweep --profile` after a session died mid-drain: the command
+    line, the kubernetes backend it picks from the profile and the ledger, end to end."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from chaos.embedded.kube.kubeconfig import write_kubeconfig
+    from chaos.ledger import Ledger
+
+    with serve() as server:
+        node(server, "n1")
+        pod(server, "w1", "n1")
+        fault = NodeDrain(rank=1)
+        ctx, inj = setup(server, fault, "w1")
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        ledger.record(fault.kind, inj.target.to_json(), roundtrip(fault.revert_plan(inj)), test="killed-session")
+        fault.inject(ctx, inj)  # ... and the session is SIGKILLed here: the node stays cordoned
+        assert node_state(server, "n1") == (True, f"drain:{NODE_ID}")
+        profile = tmp_path / "k8s.yaml"
+        profile.write_text(yaml.safe_dump({
+            "name": "k8s-sweep", "ray": {"dashboard_url": "http://127.0.0.1:9", "gcs_address": "127.0.0.1:9"},
+            "storage": {"path": str(tmp_path)}, "hosts": {"defaults": {"transport": "k8s"}},
+            "kubernetes": {"kubeconfig": str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
+                           "namespace": "default", "ray_cluster": "rc"}}))
+        ray_chaos = os.path.join(os.path.dirname(sys.executable), "ray-chaos")
+        done = subprocess.run([ray_chaos, "sweep", "--profile", str(profile), "--ledger", str(ledger.path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "sweep: nothing left armed" in done.stdout, done.stdout
+        assert node_state(server, "n1") == (False, None), "the sweep must uncordon the node and drop its mark"
+        assert not Ledger(ledger.path).open_entries()
