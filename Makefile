@@ -34,6 +34,15 @@ chaos: setup
 	$(PYTEST) -m "chaos and kubernetes" suites --chaos-kubernetes --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS) || [ $$? -eq 5 ] || rc=1; \
 	exit $$rc
 
+# The seeded fault campaign (suites/test_campaign.py, marker soak; never part of make chaos):
+# one run of about DURATION seconds through a schedule drawn from --chaos-seed, e.g.
+#   make soak DURATION=600 ARGS="--chaos-seed 7"
+#   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
+DURATION ?= 240
+.PHONY: soak
+soak: setup
+	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
+
 test: setup
 	$(PYTEST) tests -p no:cacheprovider -rfEs $(ARGS)
 

@@ -70,7 +70,18 @@ def pytest_addoption(parser):
     g.addoption("--chaos-raylet-kill", choices=list(RayletKill.METHODS), default="grpc",
                 help="raylet kill through Ray's ShutdownRaylet gRPC, or SIGKILL of the raylet PID")
     g.addoption("--chaos-seed", type=int, default=0, metavar="N",
-                help="seed of the reference workload (model init and data); recorded with each test")
+                help="seed of the reference workload (model init and data); recorded with each test; in a "
+                     "campaign (-m soak) the same seed also draws the fault schedule")
+    g.addoption("--chaos-schedule", default=None, metavar="FILE",
+                help="campaign (-m soak): replay this schedule.json exactly (its seed and run size too) "
+                     "instead of drawing one from --chaos-seed")
+    g.addoption("--chaos-duration", type=float, default=240.0, metavar="S",
+                help="campaign (-m soak): seconds the long run should take; its steps follow from it (default 240)")
+    g.addoption("--chaos-campaign-faults", type=int, default=None, metavar="N",
+                help="campaign (-m soak): faults to draw (default: one per 100 s of --chaos-duration, at least 2)")
+    g.addoption("--chaos-campaign-kinds", default=None, metavar="KIND[,KIND...]",
+                help="campaign (-m soak): fault kinds to draw from (default: those the session's backend can "
+                     "inject, see suites/test_campaign.py)")
     g.addoption("--chaos-reports", default="reports", metavar="DIR", help="where run artefacts go")
     g.addoption("--chaos-profile", default=None, metavar="YAML",
                 help="run against the cluster this profile describes instead of the embedded cluster")
@@ -85,8 +96,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "kubernetes: a chaos suite of Kubernetes/HyperPod faults "
                                        "(--chaos-kubernetes, or a profile with a kubernetes section)")
     config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
+    config.addinivalue_line("markers", "soak: a seeded fault campaign through one long run (make soak); "
+                                       "runs only with -m soak, never in make chaos")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
-                          ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1)):
+                          ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1), ("chaos_duration", 1),
+                          ("chaos_campaign_faults", 1)):
         value = config.getoption(name)
         if value is not None and value < minimum:
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
@@ -101,6 +115,7 @@ def pytest_configure(config):
         if secret:
             raise pytest.UsageError(f"--chaos-workload contains {secret}: the command is written into reports; "
                                     "pass secrets through the environment of your script's own config instead")
+    _check_campaign_options(config)
     workdir = config.getoption("chaos_workload_dir")
     if workdir is not None and not Path(workdir).is_dir():
         raise pytest.UsageError(f"--chaos-workload-dir {workdir}: not a directory")
@@ -122,13 +137,31 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _check_campaign_options(config) -> None:
+    """A schedule that will not load, or a kind no campaign draws, stops the session before
+    any cluster starts."""
+    from chaos.campaign import Schedule, ScheduleError, check_kinds
+
+    checks = (("chaos_schedule", Schedule.load),
+              ("chaos_campaign_kinds", lambda v: check_kinds(k.strip() for k in v.split(",") if k.strip())))
+    for name, check in checks:
+        value = config.getoption(name)
+        if value is not None:
+            try:
+                check(value)
+            except ScheduleError as e:
+                raise pytest.UsageError(f"--{name.replace('_', '-')}: {e}") from e
+
+
 def pytest_collection_modifyitems(config, items):
-    if "chaos" in (config.option.markexpr or ""):
-        return
-    skipped = [i for i in items if i.get_closest_marker("chaos")]
-    if skipped:
-        config.hook.pytest_deselected(items=skipped)
-        items[:] = [i for i in items if not i.get_closest_marker("chaos")]
+    # chaos and soak tests start clusters: each runs only when -m names its marker
+    for marker in ("chaos", "soak"):
+        if marker in (config.option.markexpr or ""):
+            continue
+        skipped = [i for i in items if i.get_closest_marker(marker)]
+        if skipped:
+            config.hook.pytest_deselected(items=skipped)
+            items[:] = [i for i in items if not i.get_closest_marker(marker)]
 
 
 def live_reporter(config) -> Reporter:
