@@ -5,7 +5,7 @@ deletion does.  Ray drains it with reason PREEMPTION, Train tells the workers
 
 Two ways in, as the platforms do it:
 
-- ``drain`` (default): Ray's own drain request (``ray drain-node``, reason PREEMPTION,
+- ``drain`` (default): Ray's own drain request (as ``ray drain-node`` sends it, reason PREEMPTION,
   with a deadline), as autoscaler v2 sends it for a spot reclaim; Ray does not kill the
   node at the deadline, so this fault does, by SIGKILLing the node's raylet — the
   instance going away.
@@ -15,9 +15,14 @@ Two ways in, as the platforms do it:
   ``kill_after_s`` SIGKILLs it earlier, as a kubelet does after a grace period shorter
   than that window.
 
-Measured on Ray 2.60: a node SIGKILLed while draining dies "Terminated due to
-preemption", its workers' deaths are flagged preempted, and the restart is charged to
-``max_preemption_failures``.  When Ray's own drain window ends it instead, the raylet
+Measured on Ray 2.60: a node SIGKILLed once its drain deadline has passed dies
+"Terminated due to preemption", its workers' deaths are flagged preempted, and the
+restart is charged to ``max_preemption_failures``; killed before the deadline (a
+kubelet's grace shorter than the window) it is an unexpected termination, charged to
+``max_failures``.  The GCS compares the death with the deadline it was given, so the
+drain request is sent from this process with the deadline the kill is timed by (the
+``ray drain-node`` CLI computes its own after its start-up: seconds later on a busy
+machine, which made the kill land before Ray's deadline).  When Ray's own drain window ends it instead, the raylet
 exits as an expected termination, so the charge depends on whether Train's controller
 checks the preemption deadline before it sees the dead worker: a race (seen charged to
 ``max_failures``).  The suites use the two deterministic paths.
@@ -29,22 +34,20 @@ the verdicts can say whether a checkpoint was committed inside the window.
 from __future__ import annotations
 
 import shlex
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import ray
 
 from chaos.errors import InjectionError
 from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
+from chaos.transport.ray import drain_node
 
 # Ray 2.57 drains a node on SIGTERM to `ray start --block`; 2.58 charges a preempted
 # node's failure to max_preemption_failures.  Older Rays would charge max_failures.
 MIN_RAY = (2, 58)
 RAY_DEFAULT_DRAIN_WINDOW_S = 30.0
+PREEMPTION_POLL_S = 5.0  # Train's default RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S
 
 # SIGTERM to the `ray start --block` that owns the node's raylet (found by its exact node
 # id, never by name); prints that PID and its drain window setting.  A node that would not
@@ -122,6 +125,16 @@ class Preempt(Fault):
     def resolve(self, ctx: FaultContext) -> Target:
         return placement_target(ctx, self.rank)
 
+    def run_env(self) -> dict[str, str]:
+        # Train learns of a drain on its preemption poll (every 5 s by default).  Against a
+        # notice of a few seconds, as short test windows give, a controller slowed by a busy
+        # machine can see the dead worker before the notice; poll 4x per notice instead, so
+        # the charge does not depend on the machine's load.  Notices of 20 s+ keep Ray's poll.
+        notice = self.deadline_s if self.via == "drain" else self.kill_after_s
+        if notice is None or notice / 4 >= PREEMPTION_POLL_S:
+            return {}
+        return {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": f"{max(0.5, notice / 4):g}"}
+
     def detect_timeout(self, base_s: float) -> float:
         # The node dies only when the drain window ends.
         return base_s + max(self.deadline_s, RAY_DEFAULT_DRAIN_WINDOW_S)
@@ -148,13 +161,7 @@ class Preempt(Fault):
     def _drain(self, ctx: FaultContext, inj: Injection) -> dict:
         node = inj.target.node_id
         t = time.time()
-        cmd = [_ray_cli(), "drain-node", f"--address={ctx.cluster.gcs_address}", f"--node-id={node}",
-               "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=chaos: preemption",
-               f"--deadline-remaining-seconds={int(round(self.deadline_s))}"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise InjectionError(f"ray drain-node for node {node[:8]} failed (exit {done.returncode}): "
-                                 f"{(done.stderr or done.stdout).strip()[-500:]}")
+        drain_node(ctx.cluster.gcs_address, node, "chaos: preemption", t + self.deadline_s)
         emit_notice(ctx, inj, t, self.deadline_s, self.via)
         return {"via": "drain", "deadline_s": self.deadline_s, **self._kill_at(inj, t + self.deadline_s)}
 
@@ -173,10 +180,3 @@ class Preempt(Fault):
         return {"raylet_pid": int(killed.stdout.split()[0]), "killed_at_s": round(time.time() - when, 3)}
 
 
-def _ray_cli() -> str:
-    """The `ray` command of this interpreter (the cluster's Ray version, as the driver's must be)."""
-    path = Path(sys.executable).with_name("ray")
-    found = str(path) if path.exists() else shutil.which("ray")
-    if not found:
-        raise InjectionError("the `ray` command was not found next to this Python or on PATH (needed for drain-node)")
-    return found

@@ -132,3 +132,28 @@ def test_train_run_context_has_a_run_id_and_reports_have_per_worker_metrics():
     assert "run_id" in {f.name for f in dataclasses.fields(TrainRunContext)}
     params = inspect.signature(cb.ReportCallback.after_report).parameters
     assert list(params) == ["self", "training_report", "metrics"]
+
+
+def test_train_reads_the_poll_intervals_the_harness_sets():
+    """chaos/train/run.py shortens the controller's poll tick and chaos/faults/preempt.py
+    the preemption poll by these variable names; a rename would silently undo both."""
+    from ray.train.v2._internal import constants
+
+    from chaos.faults.preempt import PREEMPTION_POLL_S, Preempt
+
+    assert constants.HEALTH_CHECK_INTERVAL_S_ENV_VAR == "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+    assert constants.PREEMPTION_POLL_INTERVAL_S_ENV_VAR == "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"
+    assert constants.DEFAULT_PREEMPTION_POLL_INTERVAL_S == PREEMPTION_POLL_S
+    assert Preempt(via="drain", deadline_s=8).run_env() == {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "2"}
+    assert Preempt(via="drain", deadline_s=60).run_env() == {}
+
+
+def test_gcs_client_drain_node_takes_what_chaos_transport_ray_sends():
+    """chaos/transport/ray.py drains a node the way `ray drain-node` does."""
+    from ray.core.generated import autoscaler_pb2
+
+    # GcsClient forwards to InnerGcsClient, which has the method
+    assert hasattr(ray._raylet.InnerGcsClient, "drain_node")
+    assert autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION") > 0
+    source = inspect.getsource(__import__("ray.scripts.scripts", fromlist=["drain_node"]).drain_node.callback)
+    assert "gcs_client.drain_node(" in source and "deadline_timestamp_ms" in source, source
