@@ -7,6 +7,7 @@ parts of it, which nobody wants from a plain ``pytest``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -169,72 +171,139 @@ def live_reporter(config) -> Reporter:
     capman = config.pluginmanager.getplugin("capturemanager")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
 
+    # An xdist worker's stdout is its channel to the controller; its stderr, with capture
+    # suspended, is the terminal's.
+    stream = (lambda: sys.stderr) if worker else (lambda: sys.stdout)
+    prefix = f"[{worker}] " if worker else ""
+
     def echo(text: str) -> None:
-        if worker:  # an xdist worker's stdout is its channel to the controller; its stderr is the terminal
-            print(f"[{worker}] {text}", file=sys.__stderr__, flush=True)
-            return
         if capman is None:
-            print(text, flush=True)
+            print(prefix + text, file=stream(), flush=True)
             return
         with capman.global_and_fixture_disabled():
-            print(text, flush=True)
+            print(prefix + text, file=stream(), flush=True)
 
     return Reporter(echo=echo)
 
 
 # -- the cluster -------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def chaos_env(request) -> Environment:
-    """The cluster under test: the backend that serves --chaos-profile, else the embedded cluster."""
+def chaos_clusters(request) -> "Clusters":
+    """This session's clusters, one open at a time (the harness is one Ray driver)."""
+    clusters = Clusters(request)
+    yield clusters
+    clusters.close()
+
+
+@pytest.fixture
+def chaos_env(chaos_clusters, request) -> Environment:
+    """The cluster under test: the backend that serves --chaos-profile; else the embedded
+    Kubernetes cluster for ``kubernetes``-marked suites (all suites under --chaos-kubernetes);
+    else the embedded cluster."""
+    return chaos_clusters.get(Clusters.kind_for(request))
+
+
+class Clusters:
+    """Opens the cluster a test needs and closes the previous one of another kind first:
+    a process is the driver of one Ray cluster at a time, so one session can run the
+    embedded and the Kubernetes suites (each xdist worker switches as its files need)."""
+
+    def __init__(self, request):
+        self.request = request
+        self.kind: str | None = None
+        self.env: Environment | None = None
+        self._stack = contextlib.ExitStack()
+        self._failed: dict[str, BaseException] = {}
+
+    @staticmethod
+    def kind_for(request) -> str:
+        opt = request.config.getoption
+        if request.config.stash.get(_PROFILE, None) is not None:
+            return "profile"
+        if opt("chaos_kubernetes") or request.node.get_closest_marker("kubernetes"):
+            return "kubernetes"
+        return "embedded"
+
+    def get(self, kind: str) -> Environment:
+        if kind in self._failed:  # one clear error per kind, not one start per test
+            raise self._failed[kind]
+        if kind != self.kind:
+            self.close()
+            try:
+                self.env = self._stack.enter_context(self._open(kind))
+            except BaseException as e:
+                self._stack.close()
+                self._failed[kind] = e
+                raise
+            self.kind = kind
+        return self.env
+
+    def close(self) -> None:
+        self.kind, self.env = None, None
+        self._stack.close()
+
+    @contextlib.contextmanager
+    def _open(self, kind: str) -> Iterator[Environment]:
+        from chaos import backends
+
+        config = self.request.config
+        out = Path(config.getoption("chaos_reports")).resolve()
+        reporter = live_reporter(config)
+        if kind == "profile":
+            profile = config.stash[_PROFILE]
+            reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
+                         + (" (DRY RUN: nothing will be injected)" if config.getoption("chaos_dry_run") else ""))
+            with _session(config, backends.for_profile(profile), out, reporter) as env:
+                yield env
+        elif kind == "kubernetes":
+            with _embedded_kubernetes(config, out, reporter) as backend, \
+                    _session(config, backend, out, reporter) as env:
+                yield env
+        else:
+            with _session(config, _embedded_backend(config, out, reporter), out, reporter) as env:
+                yield env
+
+
+def _embedded_backend(config, out: Path, reporter: Reporter):
     from chaos import backends
     from chaos.embedded.cluster import EmbeddedConfig
     from chaos.embedded.testhost import testhosts_supported
 
-    opt = request.config.getoption
-    out = Path(opt("chaos_reports")).resolve()
-    reporter = live_reporter(request.config)
-    profile = request.config.stash.get(_PROFILE, None)
-    if profile is not None:
-        reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
-                     + (" (DRY RUN: nothing will be injected)" if opt("chaos_dry_run") else ""))
-        backend = backends.for_profile(profile)
-    elif opt("chaos_kubernetes"):
-        yield from _embedded_kubernetes(request, out, reporter)
-        return
-    else:
-        hosts = opt("chaos_hosts")
-        supported, why = testhosts_supported()
-        if hosts == "namespaces" and not supported:
-            pytest.exit(f"--chaos-hosts namespaces: test hosts are not possible here: {why}", returncode=4)
-        if hosts == "auto":
-            hosts = "namespaces" if supported else "plain"
-        slot = _xdist_slot()
-        cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
-                             recovery_delay_s=opt("chaos_recovery_delay"), hosts=hosts,
-                             base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else ""),
-                             gpus_per_worker=opt("chaos_gpus_per_worker"), slot=slot)
-        where = ("test hosts in network/PID/mount/UTS namespaces on a 198.18.x.0/24 bridge" if hosts == "namespaces"
-                 else f"loopback processes on {cfg.loopback_block()}.x" + ("" if supported else f" (no test hosts: {why})"))
-        reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
-                     f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
-        backend = backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
-    yield from _session(request, backend, out, reporter)
+    opt = config.getoption
+    hosts = opt("chaos_hosts")
+    supported, why = testhosts_supported()
+    if hosts == "namespaces" and not supported:
+        pytest.exit(f"--chaos-hosts namespaces: test hosts are not possible here: {why}", returncode=4)
+    if hosts == "auto":
+        hosts = "namespaces" if supported else "plain"
+    slot = _slot(0)
+    cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
+                         recovery_delay_s=opt("chaos_recovery_delay"), hosts=hosts,
+                         base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else ""),
+                         gpus_per_worker=opt("chaos_gpus_per_worker"), slot=slot)
+    where = ("test hosts in network/PID/mount/UTS namespaces on a 198.18.x.0/24 bridge" if hosts == "namespaces"
+             else f"loopback processes on {cfg.loopback_block()}.x" + ("" if supported else f" (no test hosts: {why})"))
+    reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
+                 f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
+    return backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
 
 
-def _session(request, backend, out: Path, reporter: Reporter):
+@contextlib.contextmanager
+def _session(config, backend, out: Path, reporter: Reporter) -> Iterator[Environment]:
     from chaos.allure_site import write_environment
     from chaos.ledger import Ledger
 
-    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=request.config.getoption("chaos_dry_run"))
+    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=config.getoption("chaos_dry_run"))
     with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
-        results = request.config.getoption("allure_report_dir", None)
+        results = config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)
             write_environment(results, backend.properties)
         yield env
 
 
-def _embedded_kubernetes(request, out: Path, reporter: Reporter):
+@contextlib.contextmanager
+def _embedded_kubernetes(config, out: Path, reporter: Reporter):
     """The embedded Kubernetes cluster, driven through its profile by the kubernetes backend."""
     import time
 
@@ -245,9 +314,12 @@ def _embedded_kubernetes(request, out: Path, reporter: Reporter):
 
     supported, why = testhosts_supported()
     if not supported:
-        pytest.exit(f"--chaos-kubernetes: its nodes are test hosts, which are not possible here: {why}", returncode=4)
-    slot = _xdist_slot()
-    cfg = KubeClusterConfig(workers=request.config.getoption("chaos_workers"), slot=slot,
+        if config.getoption("chaos_kubernetes"):
+            pytest.exit(f"--chaos-kubernetes: its nodes are test hosts, which are not possible here: {why}",
+                        returncode=4)
+        pytest.skip(f"the embedded Kubernetes cluster's nodes are test hosts, which are not possible here: {why}")
+    slot = _slot(1)
+    cfg = KubeClusterConfig(workers=config.getoption("chaos_workers"), slot=slot,
                             base_dir=out / "embedded-k8s" / (f"slot{slot}" if slot is not None else ""))
     reporter.say(f"starting the embedded Kubernetes cluster: RayCluster {cfg.namespace}/{cfg.ray_cluster}, 1 head + "
                  f"{cfg.workers} worker pods on HyperPod-labelled test-host nodes; emulated API server, kubelet, "
@@ -259,16 +331,26 @@ def _embedded_kubernetes(request, out: Path, reporter: Reporter):
                      f"kubeconfig {cluster.kubeconfig}, dashboard {cluster.dashboard_url}")
         backend = KubernetesBackend(profile_from_dict(cluster.profile(), source="--chaos-kubernetes"))
         backend.embedded_kubernetes = cluster
-        yield from _session(request, backend, out, reporter)
+        yield backend
     finally:
         cluster.down()
         reporter.say("embedded Kubernetes cluster stopped")
 
 
-def _xdist_slot() -> int | None:
-    """This session's number among pytest-xdist workers (gw0 -> 0), each with its own cluster."""
+def _slot(offset: int) -> int | None:
+    """The cluster slot of this pytest-xdist worker (gwN): 2N for the embedded cluster,
+    2N+1 for the embedded Kubernetes one, so no two clusters of a session can pick the
+    same bridge or ports; None without xdist (one cluster at a time)."""
+    from chaos.embedded.cluster import SLOTS
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        return None
+    slot = 2 * int(worker[2:]) + offset
+    if slot >= SLOTS:
+        pytest.exit(f"pytest-xdist worker {worker}: at most {SLOTS // 2} workers (-n) can each have an embedded "
+                    "cluster and an embedded Kubernetes cluster", returncode=4)
+    return slot
 
 
 # -- what suites use ---------------------------------------------------------------

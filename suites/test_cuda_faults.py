@@ -27,7 +27,7 @@ def injections(outcome):
 def run_with(chaos, fault):
     """The reference workload on the stub GPU, the fault in rank 1 after checkpoint 2, one charge expected."""
     return chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=25, checkpoint_every=5, device="stub-cuda"),
+        chaos.workload(num_workers=2, max_failures=3, steps=20, checkpoint_every=5, device="stub-cuda"),
         faults=[(AfterCheckpoint(2), fault)],
     )
 

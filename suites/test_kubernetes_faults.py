@@ -1,9 +1,9 @@
 """Kubernetes and HyperPod faults on a KubeRay RayCluster, through the Kubernetes API.
 
-Run with ``--chaos-kubernetes`` (the embedded Kubernetes cluster: emulated API server,
+Without a profile these run on the embedded Kubernetes cluster (emulated API server,
 kubelet, KubeRay-like reconciler, HyperPod-like agent and SageMaker endpoint; real Ray in
-real test hosts) or with a profile's ``kubernetes`` section (a real cluster); on any other
-backend the fault factories skip saying why.  Every suite asserts the verdicts and attaches
+real test hosts), which the session starts for the ``kubernetes`` marker; with a profile,
+on its cluster when it has a ``kubernetes`` section, else the fault factories skip saying why.  Every suite asserts the verdicts and attaches
 the Kubernetes evidence (pods before/after, node, boot ids) the fault recorded.
 
 Budgets, measured on Ray 2.60 (README, "Which budget a fault costs"): a hard pod delete,
@@ -43,7 +43,7 @@ def assert_only_wrong_class(outcome):
 def test_hard_pod_delete_is_a_worker_failure(chaos):
     """``kubectl delete pod --grace-period=0 --force`` of rank 1's pod: the node dies at once,
     Train restarts on the spare node, KubeRay replaces the pod (a new name)."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=30, checkpoint_every=5),
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), chaos.pod_delete(rank=1))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
@@ -83,7 +83,7 @@ def test_hyperpod_reboot_by_label_without_spare_capacity(chaos):
     """Every worker node runs a rank; the node-health label reboots rank 1's node: its pod
     dies with it, training waits until the node is back (new boot id) with a new Ray pod."""
     workers = len(chaos.env.cluster.alive_workers())
-    outcome = chaos.run(chaos.workload(num_workers=workers, max_failures=2, steps=30, checkpoint_every=5),
+    outcome = chaos.run(chaos.workload(num_workers=workers, max_failures=2, steps=20, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), chaos.hyperpod_reboot(rank=1, recover_timeout_s=120))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
@@ -94,7 +94,7 @@ def test_hyperpod_reboot_by_label_without_spare_capacity(chaos):
 def test_hyperpod_replace_by_label(chaos):
     """The replacement label: the node object goes, a new node (new name) joins, Train
     resumes on the spare node meanwhile."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=30, checkpoint_every=5),
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), chaos.hyperpod_replace(rank=1, recover_timeout_s=120))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
@@ -104,7 +104,7 @@ def test_hyperpod_replace_by_label(chaos):
 
 def test_hyperpod_reboot_through_boto3(chaos):
     """``batch_reboot_cluster_nodes`` through boto3 against the SageMaker API."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=30, checkpoint_every=5),
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), chaos.hyperpod_reboot(rank=1, via="boto3",
                                                                            recover_timeout_s=120))])
     attach_evidence(outcome)
@@ -118,6 +118,6 @@ def test_raylet_kill_through_exec(chaos):
     fails and KubeRay replaces it; Train restarts on the spare node."""
     if getattr(chaos.env.backend, "kube", None) is None:
         pytest.skip(f"needs the Kubernetes API: this session's backend is {chaos.env.backend.label}")
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=30, checkpoint_every=5),
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill"))])
     outcome.assert_verdicts()

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.chaos
 def test_raylet_kill_with_spare_capacity(chaos):
     """3 worker hosts, 2 ranks: the restart can use the spare host at once."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
+        chaos.workload(num_workers=2, max_failures=3, steps=20, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
     )
     outcome.assert_verdicts()
@@ -27,7 +27,7 @@ def test_raylet_kill_without_spare_capacity(chaos):
         pytest.skip("needs automatic node recovery (--chaos-node-recovery automatic)")
     workers = len(chaos.env.cluster.alive_workers())
     outcome = chaos.run(
-        chaos.workload(num_workers=workers, max_failures=3, steps=30, checkpoint_every=5),
+        chaos.workload(num_workers=workers, max_failures=3, steps=20, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
     )
     outcome.assert_verdicts()
@@ -40,7 +40,7 @@ def test_raylet_kill_without_spare_capacity(chaos):
 def test_two_raylet_kills_in_one_run(chaos):
     """Two kills, each after a fresh checkpoint: two charges, two correct resumes."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=40, checkpoint_every=5),
+        chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1)),
                 (AfterCheckpoint(4), chaos.raylet_kill(rank=0))],
     )
@@ -50,7 +50,7 @@ def test_two_raylet_kills_in_one_run(chaos):
 def test_budget_exhaustion_ends_in_clean_failure(chaos):
     """max_failures=0: one kill must end the run ERRORED, charged to max_failures — not hang."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=0, steps=30, checkpoint_every=5),
+        chaos.workload(num_workers=2, max_failures=0, steps=20, checkpoint_every=5),
         faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))],
         expect=chaos.expect(budget_exhausted=True),
     )
@@ -78,7 +78,7 @@ def test_replacement_slower_than_the_worker_group_start_timeout(chaos, slow_node
     default) and retried; the kill itself is the one charge to max_failures.  The verdict
     attributes those restarts to the fault that took the capacity, not to the run."""
     workers = len(chaos.env.cluster.alive_workers())
-    spec = chaos.workload(num_workers=workers, max_failures=3, steps=30, checkpoint_every=5)
+    spec = chaos.workload(num_workers=workers, max_failures=3, steps=20, checkpoint_every=5)
     spec.env_vars["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "8"
     outcome = chaos.run(spec, faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
     outcome.assert_verdicts()

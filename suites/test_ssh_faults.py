@@ -38,7 +38,7 @@ def hosts(chaos):
 
 
 def workload(chaos, num_workers=2):
-    return chaos.workload(num_workers=num_workers, max_failures=3, steps=30, checkpoint_every=5)
+    return chaos.workload(num_workers=num_workers, max_failures=3, steps=20, checkpoint_every=5)
 
 
 def pid_state(inj, pid: int) -> str:

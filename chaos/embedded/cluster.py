@@ -98,15 +98,12 @@ class EmbeddedConfig:
             raise ValueError(f"hosts={self.hosts!r}: expected 'plain' or 'namespaces'")
         if self.recovery_delay_s < 0:
             raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
-        if self.slot is not None and not 0 <= self.slot < _SLOTS:
-            raise ValueError(f"slot={self.slot}: expected 0-{_SLOTS - 1} (one per concurrent embedded cluster)")
+        if self.slot is not None and not 0 <= self.slot < SLOTS:
+            raise ValueError(f"slot={self.slot}: expected 0-{SLOTS - 1} (one per concurrent embedded cluster)")
 
     def ports(self) -> range:
         """The ports this cluster's nodes may take."""
-        if self.slot is None:
-            return _PORT_RANGE
-        size = len(_PORT_RANGE) // _SLOTS
-        return range(_PORT_RANGE.start + self.slot * size, _PORT_RANGE.start + (self.slot + 1) * size)
+        return port_slice(self.slot)
 
     def loopback_block(self) -> str:
         """The first three octets of the plain-mode addresses (head .1, workers .2 and up)."""
@@ -115,7 +112,34 @@ class EmbeddedConfig:
 
 _PORTS_HANDED_OUT: set[int] = set()
 _PORT_RANGE = range(61000, 65000)  # above the ephemeral range (32768-60999) and Ray's worker ports (10002-19999)
-_SLOTS = 8  # concurrent clusters (EmbeddedConfig.slot): 500 ports each, ~80 node boots
+SLOTS = 8  # concurrent clusters (EmbeddedConfig.slot): 500 ports each, ~80 node boots
+
+
+def port_slice(slot: int | None) -> range:
+    """The ports of the cluster in ``slot`` (None: the whole range, one cluster at a time)."""
+    if slot is None:
+        return _PORT_RANGE
+    size = len(_PORT_RANGE) // SLOTS
+    return range(_PORT_RANGE.start + slot * size, _PORT_RANGE.start + (slot + 1) * size)
+
+
+def free_bridge(slot: int | None = None, bridge: str | None = None, subnet: str | None = None) -> tuple[str, str]:
+    """The test-host bridge and subnet for a cluster: ``bridge`` if given, else rcbr<slot> /
+    198.18.<slot>.0/24, else the first free pair of rcbr0..rcbr15 — refused while in use."""
+    from chaos.embedded import netns
+
+    if bridge is None and slot is not None:
+        bridge, subnet = f"rcbr{slot}", f"198.18.{slot}.0/24"
+    if bridge:
+        if netns.link_exists(bridge) or netns.netns_names(f"{bridge}-"):
+            raise ClusterError(f"bridge {bridge} is already in use (another embedded cluster, or one a killed "
+                               "session left: `python -m chaos.embedded down` or `ray-chaos sweep`)")
+        return bridge, subnet or "198.18.0.0/24"
+    for n in range(16):
+        name = f"rcbr{n}"
+        if not netns.link_exists(name) and not netns.netns_names(f"{name}-"):
+            return name, f"198.18.{n}.0/24"
+    raise ClusterError("no free test-host bridge among rcbr0..rcbr15; stop other embedded clusters first")
 
 
 def free_port(ports: range = _PORT_RANGE) -> int:
@@ -416,29 +440,13 @@ class EmbeddedCluster:
         """Namespaces mode: one test host per worker on a bridge with no route out."""
         from chaos.embedded.testhost import TestHostNetwork
 
-        bridge, subnet = self._free_bridge()
+        bridge, subnet = free_bridge(self.config.slot, self.config.bridge, self.config.subnet)
         self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-{os.getpid()}-hosts", bridge=bridge,
                                        subnet=subnet, boot_delay=self.config.recovery_delay_s).up()
         self.head_ip = self.network.head_address
         for host in self.hosts:
             host.machine = TestHostMachine(self, host, self.network.add_host(f"rc-{host.name}"))
             host.ip = host.testhost.address
-
-    def _free_bridge(self) -> tuple[str, str]:
-        from chaos.embedded import netns
-
-        if self.config.bridge is None and self.config.slot is not None:
-            self.config.bridge, self.config.subnet = f"rcbr{self.config.slot}", f"198.18.{self.config.slot}.0/24"
-        if self.config.bridge:
-            if netns.link_exists(self.config.bridge) or netns.netns_names(f"{self.config.bridge}-"):
-                raise ClusterError(f"bridge {self.config.bridge} is already in use (another embedded cluster, or one a "
-                                   "killed session left: `python -m chaos.embedded down` or `ray-chaos sweep`)")
-            return self.config.bridge, self.config.subnet or "198.18.0.0/24"
-        for n in range(16):
-            name = f"rcbr{n}"
-            if not netns.link_exists(name) and not netns.netns_names(f"{name}-"):
-                return name, f"198.18.{n}.0/24"
-        raise ClusterError("no free test-host bridge among rcbr0..rcbr15; stop other embedded clusters first")
 
     def _start_head(self) -> None:
         ports = self.config.ports()

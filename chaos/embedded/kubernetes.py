@@ -30,7 +30,7 @@ import ray
 from kubernetes import client, config as kube_config
 
 from chaos.cluster import ClusterView
-from chaos.embedded.cluster import HealthChecks, free_port, _PORT_RANGE
+from chaos.embedded.cluster import HealthChecks, free_bridge, free_port, port_slice
 from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL,
                                           SCHEDULABLE, HyperPodAgent)
 from chaos.embedded.kube.kubeconfig import write_kubeconfig
@@ -132,12 +132,10 @@ class EmbeddedKubernetes:
         return self
 
     def _hosts(self) -> None:
-        from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
         from chaos.embedded.testhost import TestHostNetwork, require_testhosts
 
         require_testhosts()
-        # The same free-bridge rule as the embedded cluster (rcbr<n>, 198.18.<n>.0/24).
-        bridge, subnet = EmbeddedCluster(EmbeddedConfig(hosts="namespaces", slot=self.config.slot))._free_bridge()
+        bridge, subnet = free_bridge(self.config.slot)
         self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rck-{os.getpid()}-hosts", bridge=bridge,
                                        subnet=subnet, boot_delay=self.config.boot_delay_s).up()
         self.head_ip = self.network.head_address
@@ -168,9 +166,7 @@ class EmbeddedKubernetes:
         self.sagemaker.start()
 
     def _ports(self) -> range:
-        from chaos.embedded.cluster import EmbeddedConfig
-
-        return EmbeddedConfig(slot=self.config.slot).ports() if self.config.slot is not None else _PORT_RANGE
+        return port_slice(self.config.slot)
 
     def _env(self) -> dict[str, str]:
         env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",

@@ -1,0 +1,92 @@
+"""The plugin's session plumbing: which cluster a test gets, the xdist slots, and
+progress lines that reach the terminal from xdist workers."""
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from chaos import pytest_plugin
+from chaos.pytest_plugin import Clusters, _slot
+
+
+def request_for(marker=None, kubernetes_option=False, profile=None):
+    config = types.SimpleNamespace(getoption=lambda name: kubernetes_option if name == "chaos_kubernetes" else None,
+                                   stash={pytest_plugin._PROFILE: profile} if profile else {})
+    node = types.SimpleNamespace(get_closest_marker=lambda name: name if name == marker else None)
+    return types.SimpleNamespace(config=config, node=node)
+
+
+def test_kubernetes_marked_suites_get_the_embedded_kubernetes_cluster():
+    assert Clusters.kind_for(request_for()) == "embedded"
+    assert Clusters.kind_for(request_for(marker="kubernetes")) == "kubernetes"
+    assert Clusters.kind_for(request_for(kubernetes_option=True)) == "kubernetes"
+    assert Clusters.kind_for(request_for(marker="kubernetes", profile=object())) == "profile"
+
+
+def test_each_xdist_worker_has_two_slots_of_its_own(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert _slot(0) is None and _slot(1) is None
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert (_slot(0), _slot(1)) == (2, 3)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw4")
+    with pytest.raises(pytest.exit.Exception, match="at most 4 workers"):
+        _slot(0)
+
+
+class FakeCluster:
+    """Stands in for _open: records what was opened and closed, in order."""
+
+    def __init__(self, log, fail=()):
+        self.log, self.fail = log, fail
+
+    def __call__(self, kind):
+        import contextlib
+
+        @contextlib.contextmanager
+        def opened():
+            if kind in self.fail:
+                raise RuntimeError(f"{kind} would not start")
+            self.log.append(f"open {kind}")
+            yield f"env-{kind}"
+            self.log.append(f"close {kind}")
+        return opened()
+
+
+def test_one_cluster_open_at_a_time_and_a_failed_start_is_not_retried():
+    log = []
+    clusters = Clusters(request=None)
+    clusters._open = FakeCluster(log, fail=("profile",))
+    assert clusters.get("embedded") == "env-embedded"
+    assert clusters.get("embedded") == "env-embedded"
+    assert clusters.get("kubernetes") == "env-kubernetes"
+    assert log == ["open embedded", "close embedded", "open kubernetes"]
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="profile would not start"):
+            clusters.get("profile")
+    assert log == ["open embedded", "close embedded", "open kubernetes", "close kubernetes"]
+    clusters.close()
+    assert clusters.get("embedded") == "env-embedded" and log[-1] == "open embedded"
+    clusters.close()
+    assert log[-1] == "close embedded"
+
+
+def test_progress_lines_reach_the_terminal_from_xdist_workers(tmp_path):
+    (tmp_path / "test_progress.py").write_text(textwrap.dedent("""
+        from chaos.pytest_plugin import live_reporter
+
+        def test_a(request):
+            live_reporter(request.config).say("progress of a")
+
+        def test_b(request):
+            live_reporter(request.config).say("progress of b")
+    """))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q",
+                           str(tmp_path / "test_progress.py")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    for name in ("a", "b"):
+        assert any(line.startswith("[gw") and line.endswith(f"progress of {name}") for line in lines), done.stderr
