@@ -27,8 +27,8 @@ node_modules/.installed: package.json package-lock.json
 
 # One session: the embedded cluster, and for the kubernetes-marked suites the embedded
 # Kubernetes cluster (one at a time).  JOBS=N spreads the suite files over N pytest-xdist
-# workers, each with its own clusters — for machines with cores to spare: on 2 cores it is
-# no faster (Ray's process start-ups saturate them).  "No tests selected" (exit 5, e.g.
+# workers, each with its own clusters — for machines with cores to spare: on 2 cores Ray's
+# process start-ups saturate them (22 min with two workers, 25 with one).  "No tests selected" (exit 5, e.g.
 # with ARGS="-k ...") is not a failure.
 JOBS ?= 1
 chaos: setup
