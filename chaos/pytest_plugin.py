@@ -231,8 +231,7 @@ class Clusters:
             self.close()
             try:
                 self.env = self._stack.enter_context(self._open(kind))
-            except BaseException as e:
-                self._stack.close()
+            except BaseException as e:  # _open's own with-blocks have undone what it started
                 self._failed[kind] = e
                 raise
             self.kind = kind

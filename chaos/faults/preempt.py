@@ -22,10 +22,11 @@ kubelet's grace shorter than the window) it is an unexpected termination, charge
 ``max_failures``.  The GCS compares the death with the deadline it was given, so the
 drain request is sent from this process with the deadline the kill is timed by (the
 ``ray drain-node`` CLI computes its own after its start-up: seconds later on a busy
-machine, which made the kill land before Ray's deadline).  When Ray's own drain window ends it instead, the raylet
-exits as an expected termination, so the charge depends on whether Train's controller
-checks the preemption deadline before it sees the dead worker: a race (seen charged to
-``max_failures``).  The suites use the two deterministic paths.
+machine, which made the kill land before Ray's deadline).  When Ray's own drain window
+ends it instead, the raylet exits as an expected termination, so the charge depends on
+whether Train's controller checks the preemption deadline before it sees the dead
+worker: a race (seen charged to ``max_failures``).  The suites use the two deterministic
+paths.
 
 The notice (when Ray was told, and the deadline) is a ``preemption_notice`` event, so
 the verdicts can say whether a checkpoint was committed inside the window.
