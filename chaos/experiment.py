@@ -8,10 +8,12 @@ exit path, and artefacts are attached even when a step fails.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import re
 import time
+import uuid
 from pathlib import Path
 
 import ray
@@ -21,6 +23,7 @@ from chaos.backends.base import Backend
 from chaos.cluster import ClusterView
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, Target
+from chaos.faults.correlated import Correlated, fan_out, spread_s
 from chaos.ledger import Ledger
 from chaos.progress import Finding, StallWatch
 from chaos.report import Reporter
@@ -98,8 +101,8 @@ class Outcome:
 
 
 class Experiment:
-    def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault]], expect: Expectation,
-                 test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
+    def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault | Correlated]],
+                 expect: Expectation, test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
         self.env = env
         self.judging = judging or Judging()
         self.spec = spec
@@ -112,6 +115,7 @@ class Experiment:
         self.dir = Path(env.out_dir) / "runs" / f"{self.slug}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._armed: list[Injection] = []
         self._injections: list[Injection] = []
+        self._group_of: dict[str, str] = {}  # ledger id -> group id, for a correlated fault's members
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
@@ -155,17 +159,20 @@ class Experiment:
                     fired = trigger.wait(self.timeline, env.timeouts.trigger_s)
                     r.say(f"trigger fired on {fired.describe()}")
                 with r.step(f"fault {i}: inject {fault.describe()}"):
-                    target = self._inject(ctx, fault)
-                    targets.append(target)
-                    r.parameter(f"target {i}", target.describe())
+                    hit = (self._inject_group(ctx, fault) if isinstance(fault, Correlated)
+                           else [self._inject(ctx, fault)])
+                    targets.extend(hit)
+                    r.parameter(f"target {i}", "; ".join(t.describe() for t in hit))
                 if env.dry_run:
                     continue
-                inj = self._injections[-1]
-                with r.step(f"fault {i}: detect" + (f" (Ray marks node {target.node_id[:8]} DEAD)" if fault.kills_node
-                                                    else f" (Train sees rank {target.rank} fail)")):
+                injs = self._injections[-len(hit):]
+                with r.step(f"fault {i}: detect" + (f" (Ray marks node {', '.join(t.node_id[:8] for t in hit)} DEAD)"
+                                                    if fault.kills_node else
+                                                    f" (Train sees rank {', '.join(str(t.rank) for t in hit)} fail)")):
                     self.timeline.guard = None  # a fault may legitimately silence the run until detected
-                    self._detect(inj)
-                    fault.after_detect(ctx, inj)
+                    for inj in injs:
+                        self._detect(inj)
+                    self._after_detect(ctx, injs)
                 if fault.one_shot:  # disarm before the next attempt can start, or it would fail again
                     self._revert_all(ctx)
                 watch.waiting_for = "the next attempt's first report"
@@ -227,17 +234,9 @@ class Experiment:
                               f"revert: {fault.revert_plan(inj)}")
             return target
         inj.slot = backend.live_faults.acquire(fault.describe())
-        entry = self.env.ledger.record(fault.kind, target.to_json(), fault.revert_plan(inj), test=self.test_id)
-        inj.ledger_id = entry
-        inj.t = self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=target.to_json(),
-                                   ledger_id=entry, description=fault.describe(),
-                                   detect_by="node" if fault.kills_node else "train").t
-        # Armed before inject: whatever half-happened (an exception, Ctrl-C mid-command) is reverted.
-        self._armed.append(inj)
-        self._injections.append(inj)
+        entry = self._record(inj)
         try:
-            details = fault.inject(ctx, inj)
-            self.timeline.emit("fault", "fault_returned", ledger_id=entry)
+            details = self._issue(ctx, inj)
         except BaseException as e:
             self.env.ledger.mark(entry, "failed", error=f"inject: {e}")
             if isinstance(e, Exception):
@@ -246,6 +245,102 @@ class Experiment:
         self.env.ledger.mark(entry, "injected", **details)
         self.reporter.say(f"injected {fault.describe()} into {target.describe()}: {details}")
         return target
+
+    def _inject_group(self, ctx: FaultContext, group: Correlated) -> list[Target]:
+        """A correlated fault: every member resolved and checked (the backend's safety rules)
+        before anything is injected — one refusal and none is (fail closed); then each
+        member's ledger entry and live-fault slot, and all members injected at once.  A
+        member that failed stays armed (reverted on the way out) and fails the step, naming
+        its host."""
+        backend, r = self.env.backend, self.reporter
+        targets = [m.resolve(ctx) for m in group.members]
+        group.check_distinct(targets)
+        refused = []
+        for m, t in zip(group.members, targets):
+            try:
+                backend.check_target(t)
+            except ChaosError as e:
+                refused.append((t, e))
+        if self.env.dry_run:
+            why = {t: e for t, e in refused}
+            for m, t in zip(group.members, targets):
+                r.say(f"DRY RUN: {m.describe()} into {t.describe()} would be REFUSED: {why[t]}" if t in why else
+                      f"DRY RUN: would inject {m.describe()} into {t.describe()} (at once with the other "
+                      f"{len(targets) - 1}); revert: {m.revert_plan(Injection(m, t, backend.host(t.node_id)))}")
+            return targets
+        if refused:
+            raise InjectionError(f"correlated {group.kind}: nothing injected, {len(refused)} of {len(targets)} "
+                                 "members refused: " + "; ".join(f"{t.describe()}: {e}" for t, e in refused)
+                                 ) from refused[0][1]
+        injs = [Injection(m, t, backend.host(t.node_id)) for m, t in zip(group.members, targets)]
+        try:
+            for inj in injs:
+                inj.slot = backend.live_faults.acquire(inj.fault.describe())
+        except ChaosError as e:
+            for inj in injs:
+                if inj.slot is not None:
+                    backend.live_faults.release(inj.slot)
+            raise InjectionError(f"correlated {group.kind}: nothing injected: {e}") from e
+        group_id = uuid.uuid4().hex[:8]
+        for inj in injs:
+            self._group_of[self._record(inj, group=group_id)] = group_id
+        results = fan_out(injs, lambda inj: self._issue(ctx, inj), group.start_timeout_s)
+        for res in results:
+            inj = res.inj
+            inj.evidence["correlated"] = {"group": group_id, "members": len(injs), **res.to_json()}
+            if res.ok:
+                self.env.ledger.mark(inj.ledger_id, "injected", result=res.to_json(), **res.details)
+            else:
+                self.env.ledger.mark(inj.ledger_id, "failed", error=f"inject: {res.error}", result=res.to_json())
+            r.say(f"  {res.line()}")
+        failed = [res for res in results if not res.ok]
+        spread = spread_s(results)
+        r.say(f"correlated {group.kind} (group {group_id}): {len(results) - len(failed)} of {len(results)} hosts "
+              "injected" + (f", issued within {spread * 1000:.1f} ms of each other" if spread is not None else ""))
+        if failed:
+            raise InjectionError(f"correlated injection failed on {len(failed)} of {len(results)} hosts: "
+                                 + "; ".join(res.line() for res in failed))
+        return targets
+
+    def _record(self, inj: Injection, group: str | None = None) -> str:
+        """The ledger entry (intent + revert plan), written before injecting; armed from here
+        on: whatever half-happened (an exception, Ctrl-C mid-command) is reverted."""
+        inj.ledger_id = self.env.ledger.record(inj.fault.kind, inj.target.to_json(), inj.fault.revert_plan(inj),
+                                               test=self.test_id, group=group)
+        self._armed.append(inj)
+        self._injections.append(inj)
+        return inj.ledger_id
+
+    def _issue(self, ctx: FaultContext, inj: Injection) -> dict:
+        """Inject one recorded fault, stamping when it was issued and when it returned."""
+        fault, grouped = inj.fault, self._grouped(inj)
+        inj.t = self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=inj.target.to_json(),
+                                   ledger_id=inj.ledger_id, description=fault.describe(),
+                                   detect_by="node" if fault.kills_node else "train", **grouped).t
+        details = fault.inject(ctx, inj)
+        self.timeline.emit("fault", "fault_returned", ledger_id=inj.ledger_id, **grouped)
+        return details
+
+    def _grouped(self, inj: Injection) -> dict:
+        """``{"group": id}`` for a correlated fault's member (its events carry it), else nothing."""
+        group = self._group_of.get(inj.ledger_id)
+        return {"group": group} if group else {}
+
+    def _after_detect(self, ctx: FaultContext, injs: list[Injection]) -> None:
+        """Each member's own waits after detection, in parallel (a correlated reboot waits for
+        every host at once); every failure is named by its host."""
+        if len(injs) == 1:
+            injs[0].fault.after_detect(ctx, injs[0])
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(injs), thread_name_prefix="chaos-after") as pool:
+            futures = [(inj, pool.submit(inj.fault.after_detect, ctx, inj)) for inj in injs]
+            failed = [(inj, f.exception()) for inj, f in futures if f.exception() is not None]
+        if len(failed) == 1:
+            raise failed[0][1]
+        if failed:
+            raise ChaosError(f"after detection, {len(failed)} of {len(injs)} hosts failed: "
+                             + "; ".join(f"{inj.host.name or inj.target.node_ip}: {e}" for inj, e in failed)
+                             ) from failed[0][1]
 
     def _detect(self, inj: Injection) -> None:
         """Wait on the fault's own detection predicate; record the event it matched."""
@@ -258,7 +353,7 @@ class Experiment:
         except WaitTimeout as e:
             raise Finding(did_not_resume(f"Ray never noticed the fault: no sign of {what}", str(e))) from e
         self.timeline.emit("fault", "fault_detected", t=seen.t, ledger_id=inj.ledger_id, by=seen.kind,
-                           node_id=target.node_id)
+                           node_id=target.node_id, **self._grouped(inj))
         self.reporter.say(f"detected: {seen.describe()} {seen.data.get('death_reason') or ''}")
 
     def _recover(self) -> None:
@@ -293,7 +388,8 @@ class Experiment:
                 failed.append(inj)
                 continue
             self.env.ledger.mark(inj.ledger_id, "reverted" if did else "nothing-to-revert")
-            self.timeline.emit("fault", "fault_reverted", fault=inj.fault.kind, ledger_id=inj.ledger_id, reverted=did)
+            self.timeline.emit("fault", "fault_reverted", fault=inj.fault.kind, ledger_id=inj.ledger_id, reverted=did,
+                               **self._grouped(inj))
             self.env.backend.live_faults.release(inj.slot)
         if not final:
             self._armed.extend(failed)

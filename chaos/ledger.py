@@ -31,11 +31,13 @@ class Ledger:
             finally:
                 os.close(fd)
 
-    def record(self, fault: str, target: dict, revert: dict, test: str | None = None) -> str:
-        """Write the intent; returns the entry id.  Call before injecting."""
+    def record(self, fault: str, target: dict, revert: dict, test: str | None = None, group: str | None = None) -> str:
+        """Write the intent; returns the entry id.  Call before injecting.  ``group``: the id
+        shared by the members of one correlated fault (one entry per member)."""
         entry_id = uuid.uuid4().hex[:12]
         self._append({"id": entry_id, "t": time.time(), "session": self.session, "state": "pending",
-                      "fault": fault, "target": target, "revert": revert, "test": test})
+                      "fault": fault, "target": target, "revert": revert, "test": test,
+                      **({"group": group} if group else {})})
         return entry_id
 
     def mark(self, entry_id: str, state: str, **details) -> None:

@@ -403,6 +403,14 @@ class Chaos:
     def raylet_kill(self, rank: int = 1) -> RayletKill:
         return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
 
+    def correlated(self, fault, ranks, start_timeout_s: float = 30.0):
+        """``fault`` (anything called with ``rank=``: ``chaos.raylet_kill``, ``NodeReboot``) on
+        the nodes of every rank in ``ranks`` in one instant, as a rack or power domain goes;
+        one charge expected (what Ray 2.60 does, README)."""
+        from chaos.faults.correlated import Correlated
+
+        return Correlated.on_ranks(fault, ranks, start_timeout_s=start_timeout_s)
+
     # Kubernetes and HyperPod faults (chaos.faults.kube): a session whose backend has no
     # Kubernetes API skips the test saying so.
     def pod_delete(self, rank: int = 1):

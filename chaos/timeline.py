@@ -22,6 +22,8 @@ fault     fault_injected       fault, target{node_id, node_ip, host}, ledger_id,
 fault     fault_returned       ledger_id (t: when the injection command returned)
 fault     fault_detected       ledger_id, by (t: the detecting event's own time)
 fault     fault_reverted       fault, ledger_id
+                               (a correlated fault's members: each its own events, all
+                               with the same ``group`` id: one fault, see fault_groups)
 cluster   node_dead            node_id, node_ip, death_reason
 cluster   node_alive           node_id, node_ip
 harness   clock_offset         offset_s (head clock - harness clock), rtt_s
@@ -213,27 +215,46 @@ class RecoveryMetrics:
     recovered_attempt: int | None = None
     after_run_end: bool = False
     inject_took: float | None = None  # issue -> the injection command returned
+    members: int = 1  # targets hit at once (a correlated fault)
 
 
-def _detection(timeline: Timeline, fault: Event) -> Event | None:
-    """The fault's own detection (recorded by the experiment from the fault's predicate)."""
-    ledger_id = fault.data.get("ledger_id")
-    return timeline.first("fault_detected", where=lambda e: e.data.get("ledger_id") == ledger_id)
+def fault_groups(timeline: Timeline) -> list[list[Event]]:
+    """The ``fault_injected`` events of each fault, in injection order: a correlated fault's
+    members (same ``group``) together, every other fault on its own."""
+    groups: dict[object, list[Event]] = {}
+    for i, e in enumerate(timeline.of("fault_injected")):
+        groups.setdefault(e.data.get("group") or ("single", i), []).append(e)
+    return list(groups.values())
+
+
+def _last_of_members(timeline: Timeline, kind: str, members: list[Event]) -> Event | None:
+    """The latest ``kind`` event over a fault's members (None unless every member has one).
+
+    For ``fault_detected``: the fault's own detection, recorded by the experiment from the
+    fault's predicate (never re-derived here)."""
+    seen = []
+    for m in members:
+        e = timeline.first(kind, where=lambda e: e.data.get("ledger_id") == m.data.get("ledger_id"))
+        if e is None:
+            return None
+        seen.append(e)
+    return max(seen, key=lambda e: e.t)
 
 
 def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
     """For every injected fault: fault → detected → the attempt that recovered → its first report.
 
-    The attempt that recovered is the first one started after the fault that reported at
-    all (an attempt that failed while starting, e.g. waiting for a replacement node, is
-    not a recovery).
+    A correlated fault is one fault: issued when its first member was, detected when its
+    last member was, one recovery.  The attempt that recovered is the first one started
+    after the fault that reported at all (an attempt that failed while starting, e.g.
+    waiting for a replacement node, is not a recovery).
     """
     out = []
     reports = timeline.reports()
-    for fault in timeline.of("fault_injected"):
-        ledger_id = fault.data.get("ledger_id")
-        dead = _detection(timeline, fault)
-        returned = timeline.first("fault_returned", where=lambda e: e.data.get("ledger_id") == ledger_id)
+    for members in fault_groups(timeline):
+        fault = members[0]
+        dead = _last_of_members(timeline, "fault_detected", members)
+        returned = _last_of_members(timeline, "fault_returned", members)
         ended = timeline.first("run_finished")
         after_end = ended is not None and ended.t < fault.t - timeline.clock_uncertainty and not any(
             a.t > fault.t for a in timeline.attempts())
@@ -259,6 +280,7 @@ def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
                 recovered_attempt=restart.attempt if restart else None,
                 after_run_end=after_end,
                 inject_took=returned.t - fault.t if returned else None,
+                members=len(members),
             )
         )
     return out
