@@ -44,8 +44,12 @@ DURATION ?= 240
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
+# Two pytest-xdist workers, a test file each at a time: most of the time is integration
+# sessions waiting on Ray, and every cluster claims its own slot (ports, bridge), so two
+# run side by side.  TEST_JOBS=1 for one at a time.
+TEST_JOBS ?= 2
 test: setup
-	$(PYTEST) tests -p no:cacheprovider -rfEs $(ARGS)
+	$(PYTEST) tests -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider -rfEs $(ARGS)
 
 report: setup
 	$(PY) -m chaos.allure_site

@@ -10,7 +10,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -169,7 +168,7 @@ def pytest_collection_modifyitems(config, items):
 def live_reporter(config) -> Reporter:
     """A Reporter whose progress lines reach the terminal as they happen, even under capture."""
     capman = config.pluginmanager.getplugin("capturemanager")
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker = _xdist_worker(config)
 
     # An xdist worker's stdout is its channel to the controller; its stderr, with capture
     # suspended, is the terminal's.
@@ -275,7 +274,7 @@ def _embedded_backend(config, out: Path, reporter: Reporter):
         pytest.exit(f"--chaos-hosts namespaces: test hosts are not possible here: {why}", returncode=4)
     if hosts == "auto":
         hosts = "namespaces" if supported else "plain"
-    slot = _slot(0)
+    slot = _slot(config, 0)
     cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
                          recovery_delay_s=opt("chaos_recovery_delay"), hosts=hosts,
                          base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else ""),
@@ -317,7 +316,7 @@ def _embedded_kubernetes(config, out: Path, reporter: Reporter):
             pytest.exit(f"--chaos-kubernetes: its nodes are test hosts, which are not possible here: {why}",
                         returncode=4)
         pytest.skip(f"the embedded Kubernetes cluster's nodes are test hosts, which are not possible here: {why}")
-    slot = _slot(1)
+    slot = _slot(config, 1)
     cfg = KubeClusterConfig(workers=config.getoption("chaos_workers"), slot=slot,
                             base_dir=out / "embedded-k8s" / (f"slot{slot}" if slot is not None else ""))
     reporter.say(f"starting the embedded Kubernetes cluster: RayCluster {cfg.namespace}/{cfg.ray_cluster}, 1 head + "
@@ -336,13 +335,19 @@ def _embedded_kubernetes(config, out: Path, reporter: Reporter):
         reporter.say("embedded Kubernetes cluster stopped")
 
 
-def _slot(offset: int) -> int | None:
+def _xdist_worker(config) -> str | None:
+    """``gwN`` in a pytest-xdist worker — not in a session a worker's test started (which
+    inherits PYTEST_XDIST_WORKER but is a session of its own)."""
+    return getattr(config, "workerinput", {}).get("workerid")
+
+
+def _slot(config, offset: int) -> int | None:
     """The cluster slot of this pytest-xdist worker (gwN): 2N for the embedded cluster,
-    2N+1 for the embedded Kubernetes one, so no two clusters of a session can pick the
-    same bridge or ports; None without xdist (one cluster at a time)."""
+    2N+1 for the embedded Kubernetes one; None without xdist: the cluster claims the
+    highest free slot (chaos.embedded.cluster.claim_slot)."""
     from chaos.embedded.cluster import SLOTS
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    worker = _xdist_worker(config) or ""
     if not (worker.startswith("gw") and worker[2:].isdigit()):
         return None
     slot = 2 * int(worker[2:]) + offset

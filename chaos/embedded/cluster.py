@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import fcntl
+import itertools
 import json
 import logging
 import os
@@ -72,14 +74,13 @@ class EmbeddedConfig:
     #: "plain": loopback processes; "namespaces": each worker in its own test host
     #: (network/PID/mount/UTS namespaces, sshd, boot id) — needs root.
     hosts: str = "plain"
-    #: bridge and subnet of the test hosts; None = the first free pair of rcbr0..rcbr15 /
-    #: 198.18.<n>.0/24, so several embedded clusters can run on one machine at once
+    #: bridge and subnet of the test hosts; None = the slot's rcbr<slot> / 198.18.<slot>.0/24
     subnet: str | None = None
     bridge: str | None = None
-    #: which of several clusters started at the same moment this is (0-7; pytest-xdist's
-    #: worker number): its own bridge rcbr<slot>, loopback block 127.0.<slot+1>.x and port
-    #: slice, so concurrent starts cannot pick the same free bridge or port.  None: the first
-    #: free bridge, 127.0.1.x and the whole port range (one cluster at a time).
+    #: which of the machine's SLOTS this cluster takes (0-7): its own bridge rcbr<slot>,
+    #: loopback block 127.0.<slot+1>.x and port slice, held by a lock while it runs, so
+    #: clusters of several processes cannot pick the same bridge or port.  None: the highest
+    #: free slot (pytest-xdist's workers name theirs from the bottom: 2n, 2n+1).
     slot: int | None = None
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
     #: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of every node: how long a SIGTERMed node drains
@@ -110,22 +111,71 @@ class EmbeddedConfig:
         return f"127.0.{1 if self.slot is None else self.slot + 1}"
 
 
-_PORTS_HANDED_OUT: set[int] = set()
+_PORTS_HANDED_OUT: dict[int, int] = {}  # port -> serial of its latest hand-out
+_HANDOUT_SERIAL = itertools.count()
+_RECENT_HANDOUTS = 64  # ten node boots
 _PORT_RANGE = range(61000, 65000)  # above the ephemeral range (32768-60999) and Ray's worker ports (10002-19999)
-SLOTS = 8  # concurrent clusters (EmbeddedConfig.slot): 500 ports each, ~80 node boots
+SLOTS = 8  # concurrent clusters on one machine (EmbeddedConfig.slot): 500 ports each
+SLOT_LOCKS = Path("/tmp/ray-chaos-slots")
 
 
 def port_slice(slot: int | None) -> range:
-    """The ports of the cluster in ``slot`` (None: the whole range, one cluster at a time)."""
+    """The ports of the cluster in ``slot`` (None: the whole range)."""
     if slot is None:
         return _PORT_RANGE
     size = len(_PORT_RANGE) // SLOTS
     return range(_PORT_RANGE.start + slot * size, _PORT_RANGE.start + (slot + 1) * size)
 
 
+class SlotClaim:
+    """A slot held by this process: an flock, so it is free again when the process ends,
+    however it ends."""
+
+    def __init__(self, slot: int, fd: int):
+        self.slot, self._fd = slot, fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def claim_slot(slot: int | None, bridge: bool) -> SlotClaim:
+    """Hold ``slot``, or with None the highest free one — free meaning no live process holds
+    it and, for a cluster of test hosts (``bridge``), no bridge is left on it by a killed
+    session.  Two processes starting clusters at once thereby never share ports or a bridge."""
+    SLOT_LOCKS.mkdir(parents=True, exist_ok=True)
+    held = []
+    for n in ([slot] if slot is not None else range(SLOTS - 1, -1, -1)):
+        fd = os.open(SLOT_LOCKS / f"slot{n}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            held.append(n)
+            continue
+        claim = SlotClaim(n, fd)
+        if bridge:
+            try:
+                free_bridge(n)
+            except ClusterError:
+                claim.release()
+                if slot is not None:
+                    raise
+                continue
+        return claim
+    if slot is not None:
+        raise ClusterError(f"embedded-cluster slot {slot} is held by another process on this machine "
+                           f"(lock {SLOT_LOCKS}/slot{slot}.lock); stop that cluster or pick another slot")
+    raise ClusterError(f"no free embedded-cluster slot on this machine (held by other processes: {sorted(held)}; "
+                       "the others have bridges left by killed sessions: `ray-chaos sweep` or "
+                       "`python -m chaos.embedded down`)")
+
+
 def free_bridge(slot: int | None = None, bridge: str | None = None, subnet: str | None = None) -> tuple[str, str]:
     """The test-host bridge and subnet for a cluster: ``bridge`` if given, else rcbr<slot> /
-    198.18.<slot>.0/24, else the first free pair of rcbr0..rcbr15 — refused while in use."""
+    198.18.<slot>.0/24, else the first free pair of rcbr0..rcbr15 — refused while in use.
+    Clusters pass their claimed slot (claim_slot)."""
     from chaos.embedded import netns
 
     if bridge is None and slot is not None:
@@ -143,20 +193,23 @@ def free_bridge(slot: int | None = None, bridge: str | None = None, subnet: str 
 
 
 def free_port(ports: range = _PORT_RANGE) -> int:
-    """A port free on every interface, never handed out twice by this process.
+    """A port free on every interface: one this process never handed out, else the one it
+    handed out longest ago (a dead node's), never one of its last _RECENT_HANDOUTS — their
+    nodes may not have bound them yet.
 
     Ray's gRPC servers bind the wildcard address, so the check must too; ports come
     from above the kernel's ephemeral range so outgoing connections cannot take them.
     """
-    for port in ports:
-        if port in _PORTS_HANDED_OUT:
-            continue
+    latest = next(_HANDOUT_SERIAL)
+    for port in sorted(ports, key=lambda p: _PORTS_HANDED_OUT.get(p, -1)):
+        if _PORTS_HANDED_OUT.get(port, -_RECENT_HANDOUTS - 1) >= latest - _RECENT_HANDOUTS:
+            break  # the rest were handed out even more recently
         with socket.socket() as s:
             try:
                 s.bind(("0.0.0.0", port))
             except OSError:
                 continue
-        _PORTS_HANDED_OUT.add(port)
+        _PORTS_HANDED_OUT[port] = latest
         return port
     raise ClusterError(f"no free TCP port left in {ports.start}-{ports.stop - 1}")
 
@@ -201,7 +254,7 @@ class WorkerHost:
     """One embedded worker machine: an address, and the Ray node currently on it."""
 
     name: str
-    ip: str
+    ip: str = ""
     machine: "Machine | None" = None
     raylet_pid: int | None = None
     node_id: str | None = None
@@ -376,9 +429,9 @@ class EmbeddedCluster:
         self.gcs_port = 0
         self.dashboard_port = 0
         self.network = None
-        block = self.config.loopback_block()
-        self.head_ip = f"{block}.1"
-        self.hosts = [WorkerHost(name=f"worker-{i + 1}", ip=f"{block}.{i + 2}") for i in range(self.config.workers)]
+        self._claim: SlotClaim | None = None
+        self.hosts = [WorkerHost(name=f"worker-{i + 1}") for i in range(self.config.workers)]
+        self._place_on_loopback()
         for host in self.hosts:
             host.machine = LoopbackMachine(self, host)
         self._lock = threading.Lock()
@@ -419,9 +472,18 @@ class EmbeddedCluster:
         return env
 
     # -- lifecycle ---------------------------------------------------------------
+    def _place_on_loopback(self) -> None:
+        block = self.config.loopback_block()
+        self.head_ip = f"{block}.1"
+        for i, host in enumerate(self.hosts):
+            host.ip = f"{block}.{i + 2}"
+
     def up(self) -> "EmbeddedCluster":
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._claim = claim_slot(self.config.slot, bridge=self.config.hosts == "namespaces" and not self.config.bridge)
+        self.config = dataclasses.replace(self.config, slot=self._claim.slot)
+        self._place_on_loopback()
         try:
             if self.config.hosts == "namespaces":
                 self._create_testhosts()
@@ -530,6 +592,8 @@ class EmbeddedCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if errors:
             raise ClusterError("embedded cluster teardown left processes behind: " + "; ".join(errors))
+        if self._claim is not None:  # kept while anything of the cluster may be left on the slot
+            self._claim.release()
 
     def _keep_ray_logs(self) -> None:
         """Copy each node's Ray session logs under base_dir before the temp dir goes."""

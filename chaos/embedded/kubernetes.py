@@ -30,7 +30,7 @@ import ray
 from kubernetes import client, config as kube_config
 
 from chaos.cluster import ClusterView
-from chaos.embedded.cluster import HealthChecks, free_bridge, free_port, port_slice
+from chaos.embedded.cluster import HealthChecks, SlotClaim, claim_slot, free_bridge, free_port, port_slice
 from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL,
                                           SCHEDULABLE, HyperPodAgent)
 from chaos.embedded.kube.kubeconfig import write_kubeconfig
@@ -102,6 +102,7 @@ class EmbeddedKubernetes:
         self.kubeconfig = self.base_dir / "kubeconfig"
         self.head_ip = ""
         self.gcs_port = self.dashboard_port = 0
+        self._claim: SlotClaim | None = None
         # Short on purpose: Ray puts unix sockets under it (108-byte path limit).
         self.ray_tmp_root = Path(f"/tmp/rck-{os.getpid()}")
 
@@ -121,6 +122,8 @@ class EmbeddedKubernetes:
     def up(self) -> "EmbeddedKubernetes":
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.storage_path.mkdir(parents=True, exist_ok=True)
+        self._claim = claim_slot(self.config.slot, bridge=True)
+        self.config = dataclasses.replace(self.config, slot=self._claim.slot)
         try:
             self._hosts()
             self._control_plane()
@@ -246,6 +249,8 @@ class EmbeddedKubernetes:
             shutil.rmtree(hosts_dir, ignore_errors=True)
         if errors:
             raise ClusterError("embedded Kubernetes teardown incomplete: " + "; ".join(errors))
+        if self._claim is not None:  # kept while anything of the cluster may be left on the slot
+            self._claim.release()
 
     # -- what the harness is given ---------------------------------------------------------------
     def profile(self, name: str = "embedded-kubernetes") -> dict:

@@ -5,7 +5,7 @@ node runs where: a replaced machine may come back with another address)."""
 
 from __future__ import annotations
 
-from chaos.errors import InjectionError, TransportError
+from chaos.errors import TransportError
 from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
 from chaos.waits import poll_until
 

@@ -2,8 +2,8 @@
 
 The harness package travels in the job's runtime_env (``py_modules``) and the recorder
 is switched on through ``RAY_TRAIN_CALLBACKS``; the user's script is not touched.
-Job logs are streamed into a file as they arrive; the end of the stream is the
-``job_finished`` event, so nothing here polls on a timer.
+Job logs are streamed into a file as they arrive.  The job's end (``job_finished``) is
+the end of that stream, or — sooner, once Train's run has finished — the job's status.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import ray
 import chaos
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline
+from chaos.waits import poll_until
 from chaos.train.recorder import ENV_STATE_METRIC, ENV_STEP_METRIC
 from chaos.train.sink import ENV_SINK, SinkPump, measure_clock_offset, start_sink
 
@@ -83,6 +84,9 @@ class Run:
         self._pump: SinkPump | None = None
         self._tail: threading.Thread | None = None
         self._client = None
+        self._log_lock = threading.Lock()
+        self._log_complete = False  # the whole log was fetched at the end: the follower stops writing
+        self._job_end_seen = False  # job_finished is emitted once, by whichever path sees the end first
 
     @property
     def client(self):
@@ -110,13 +114,16 @@ class Run:
 
     def submit(self) -> "Run":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The sink's process starts while the job's do (a second or two off every run's start):
+        # a named actor is registered when .remote() returns, so the recorder finds it, and
+        # its pushes wait in the actor's queue until it is up.
         self._sink = start_sink(f"sink-{self.job_id}", self.head_node_id)
-        ray.get(self._sink.poll.remote(0, 0.0), timeout=60)  # the sink is up before the job can push
-        self.timeline.set_clock_offset(*measure_clock_offset(self._sink))
-        self._pump = SinkPump(self._sink, self.timeline).start()
         self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=self.job_id,
                                runtime_env=self.runtime_env())
         self.timeline.emit("harness", "job_submitted", job_id=self.job_id, entrypoint=self.spec.entrypoint)
+        ray.get(self._sink.poll.remote(0, 0.0), timeout=60)
+        self.timeline.set_clock_offset(*measure_clock_offset(self._sink))
+        self._pump = SinkPump(self._sink, self.timeline).start()
         self._tail = threading.Thread(target=self._follow_logs, name=f"logs-{self.job_id}", daemon=True)
         self._tail.start()
         return self
@@ -125,13 +132,18 @@ class Run:
         async def follow():
             with open(self.log_path, "a") as f:
                 async for chunk in self.client.tail_job_logs(self.job_id):
-                    f.write(chunk)
-                    f.flush()
+                    with self._log_lock:
+                        if self._log_complete:
+                            return
+                        f.write(chunk)
+                        f.flush()
 
         # The stream can also end because the websocket dropped: re-follow until the job's
         # status is terminal, and always say how it ended (never leave the waits hanging).
         status, message = "UNKNOWN", ""
         for _ in range(20):
+            if self._log_complete:
+                break
             try:
                 asyncio.run(follow())
             except Exception as e:
@@ -144,7 +156,19 @@ class Run:
                 continue
             if status in TERMINAL_JOB_STATES:
                 break
+        self._job_ended(status, message)
+
+    def _job_ended(self, status: str, message: str) -> None:
+        with self._log_lock:
+            if self._job_end_seen:
+                return
+            self._job_end_seen = True
         self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=status, message=message)
+
+    def _terminal_status(self) -> tuple[tuple[str, str] | None, str]:
+        info = self.client.get_job_info(self.job_id)
+        status = str(info.status.value)
+        return ((status, info.message) if status in TERMINAL_JOB_STATES else None), f"status {status}"
 
     # -- waits -------------------------------------------------------------------
     def _finished_reason(self, events: list[Event]) -> str | None:
@@ -164,12 +188,33 @@ class Run:
             ) from e
 
     def wait_finished(self, timeout: float) -> Event:
-        """Wait until the job has ended, then collect every recorder event still in flight."""
+        """Wait until the job has ended, then collect every recorder event still in flight.
+
+        Once Train's run has ended the job's status is read directly: Ray's log stream ends
+        only on its own 1 s polls, seconds after the job did."""
+        end = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind in ("run_finished", "job_finished")),
+                                                     None), timeout, f"the run of job {self.job_id} to finish")
+        if end.kind == "run_finished":
+            self._job_ended(*poll_until(self._terminal_status, 120,
+                                        f"job {self.job_id} to end after its Train run finished", interval=0.2))
         job = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
                                      f"job {self.job_id} to finish")
         if self._pump is not None:
             self._pump.drain()
         return job
+
+    def _fetch_whole_log(self) -> bool:
+        """An ended job's whole log in one call, in place of what the follower streamed (its
+        stream would end only on Ray's next polls); False if it cannot be read."""
+        try:
+            text = self.client.get_job_logs(self.job_id)
+        except Exception as e:
+            log.warning("could not read the log of job %s: %s", self.job_id, e)
+            return False
+        with self._log_lock:
+            self._log_complete = True
+            self.log_path.write_text(text)
+        return True
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -183,13 +228,15 @@ class Run:
     # -- cleanup -----------------------------------------------------------------
     def stop(self) -> None:
         """Stop the job if it still runs, collect the last events, remove the sink."""
+        ended = False
         try:
             status = self.client.get_job_status(self.job_id)
-            if str(status.value) not in TERMINAL_JOB_STATES:
+            ended = str(status.value) in TERMINAL_JOB_STATES
+            if not ended:
                 self.client.stop_job(self.job_id)
         except Exception as e:
             log.warning("could not stop job %s: %s", self.job_id, e)
-        if self._tail is not None:
+        if not (ended and self._fetch_whole_log()) and self._tail is not None:
             self._tail.join(timeout=30)
         if self._pump is not None:
             self._pump.drain()

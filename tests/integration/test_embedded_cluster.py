@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
+from chaos.embedded.cluster import SLOT_LOCKS, EmbeddedCluster, EmbeddedConfig
 from chaos.errors import ClusterError
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
 from chaos.procs import session_members
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # slot 2, as pytest-xdist's third worker would have it: its own loopback block and ports
-    c = EmbeddedCluster(EmbeddedConfig(workers=3, recovery_delay_s=0.5, base_dir=tmp_path_factory.mktemp("emb"), slot=2))
+    # no slot given: it claims the highest free one (its own loopback block and ports)
+    c = EmbeddedCluster(EmbeddedConfig(workers=3, recovery_delay_s=0.5, base_dir=tmp_path_factory.mktemp("emb")))
     c.up()
     yield c
     c.down()
@@ -35,11 +35,21 @@ def cluster_pids(c):
 
 def test_nodes_live_on_their_own_loopback_addresses(cluster):
     nodes = cluster.gcs_nodes()
-    assert sorted(n["ip"] for n in nodes) == ["127.0.3.1", "127.0.3.2", "127.0.3.3", "127.0.3.4"]
+    slot = cluster.config.slot
+    assert slot is not None and (SLOT_LOCKS / f"slot{slot}.lock").exists()
+    assert sorted(n["ip"] for n in nodes) == [f"127.0.{slot + 1}.{i}" for i in (1, 2, 3, 4)]
     assert all(n["alive"] for n in nodes)
     ports = cluster.config.ports()
     assert cluster.gcs_port in ports and cluster.dashboard_port in ports, (cluster.gcs_port, ports)
-    assert ports == range(62000, 62500)
+    assert ports == range(61000 + 500 * slot, 61500 + 500 * slot)
+
+
+def test_a_slot_is_held_while_the_cluster_runs(cluster):
+    """Another process cannot take the running cluster's slot, and says whose it is."""
+    code = ("from chaos.embedded.cluster import claim_slot\n"
+            f"claim_slot({cluster.config.slot}, bridge=False)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and f"slot {cluster.config.slot} is held by another process" in p.stderr, p.stderr
 
 
 def test_no_ray_connection_leaves_loopback(cluster):

@@ -7,6 +7,7 @@ tears the network down and then sweeps by name, so a failing test leaves nothing
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ import pytest
 from chaos.embedded.testhost import TestHostNetwork, testhosts_supported
 from chaos.transport.ssh import SSHTransport
 
-BRIDGE = "rctest"
-SUBNET = "198.18.0.240/28"  # inside the test-host range, clear of the default hosts at .2 and up
+# One bridge per pytest-xdist worker (make test runs two): N = 0, 1, ... -> rctest<N>,
+# 198.18.0.<240 - 16N>/28 — inside the test-host range, clear of the default hosts at .2 and up.
+_N = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+BRIDGE = f"rctest{_N}"
+SUBNET = f"198.18.0.{240 - 16 * _N}/28"
 
 
 def pytest_collection_modifyitems(items):

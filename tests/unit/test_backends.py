@@ -11,7 +11,7 @@ import pytest
 from chaos import backends
 from chaos.backends.base import Backend, Host
 from chaos.cluster import ClusterView, Node
-from chaos.errors import InjectionError, ProfileError
+from chaos.errors import InjectionError
 from chaos.faults import catalog
 from chaos.faults.base import Fault, FaultContext, Injection, Target
 from chaos.faults import preempt

@@ -27,13 +27,16 @@ def test_kubernetes_marked_suites_get_the_embedded_kubernetes_cluster():
 
 
 def test_each_xdist_worker_has_two_slots_of_its_own(monkeypatch):
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    assert _slot(0) is None and _slot(1) is None
+    def worker(name):
+        return types.SimpleNamespace(workerinput={"workerid": name})
+
+    assert _slot(types.SimpleNamespace(), 0) is None and _slot(types.SimpleNamespace(), 1) is None
+    # a session started by a worker's test inherits the variable but is not a worker
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    assert (_slot(0), _slot(1)) == (2, 3)
-    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw4")
+    assert _slot(types.SimpleNamespace(), 0) is None
+    assert (_slot(worker("gw1"), 0), _slot(worker("gw1"), 1)) == (2, 3)
     with pytest.raises(pytest.exit.Exception, match="at most 4 workers"):
-        _slot(0)
+        _slot(worker("gw4"), 0)
 
 
 class FakeCluster:
