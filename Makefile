@@ -27,10 +27,10 @@ node_modules/.installed: package.json package-lock.json
 
 # One session: the embedded cluster, and for the kubernetes-marked suites the embedded
 # Kubernetes cluster (one at a time).  JOBS=N spreads the suite files over N pytest-xdist
-# workers, each with its own clusters — for machines with cores to spare: on 2 cores Ray's
-# process start-ups saturate them (22 min with two workers, 25 with one).  "No tests selected" (exit 5, e.g.
-# with ARGS="-k ...") is not a failure.
-JOBS ?= 1
+# workers, each with its own clusters (2 cores: 22 min with two workers, 25 with one;
+# JOBS=1 for one session in one process).  "No tests selected" (exit 5, e.g. with
+# ARGS="-k ...") is not a failure.
+JOBS ?= 2
 chaos: setup
 	$(PYTEST) -m chaos suites $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA $(ARGS) || [ $$? -eq 5 ]
