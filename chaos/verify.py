@@ -21,7 +21,7 @@ from typing import Any
 
 from chaos.errors import VerificationError
 from chaos.faults.catalog import limit_name
-from chaos.timeline import Event, Timeline, recovery_metrics, runs, steps_of
+from chaos.timeline import Event, Timeline, fault_groups, recovery_metrics, runs, steps_of
 
 # A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
 STATE_RTOL = 1e-4
@@ -341,24 +341,26 @@ def state_restored(timeline: Timeline) -> list[Verdict]:
 class Attribution:
     """Which injected fault caused each of Ray's failure decisions."""
 
-    by_fault: dict[str, list[Event]]  # ledger id -> decisions it caused (first one: its charge)
+    by_fault: dict[str, list[Event]]  # ledger (or group) id -> decisions it caused (first one: its charge)
     consequential: list[Event]  # restarts that waited for capacity a fault took away
     unrelated: list[Event]
 
 
 def attribute(timeline: Timeline) -> Attribution:
-    """Each fault claims the first decision after it; a later capacity error (the worker
-    group could not start while the fault's node was missing) is its consequence; every
-    other decision is unrelated to the injected faults."""
+    """Each fault claims the first decision after it — a correlated fault's members together,
+    as one fault; a later capacity error (the worker group could not start while the
+    fault's node was missing) is its consequence; every other decision is unrelated to the
+    injected faults."""
     faults = timeline.of("fault_injected")
     decisions = timeline.of("failure_decision")
-    by_fault: dict[str, list[Event]] = {f.data.get("ledger_id") or str(i): [] for i, f in enumerate(faults)}
+    groups = fault_groups(timeline)
+    keys = [g[0].data.get("group") or g[0].data.get("ledger_id") or str(i) for i, g in enumerate(groups)]
+    by_fault: dict[str, list[Event]] = {k: [] for k in keys}
     claimed: set[int] = set()
-    for i, f in enumerate(faults):
-        key = f.data.get("ledger_id") or str(i)
-        nxt = faults[i + 1].t if i + 1 < len(faults) else float("inf")
+    for i, (key, group) in enumerate(zip(keys, groups)):
+        nxt = groups[i + 1][0].t if i + 1 < len(groups) else float("inf")
         for j, d in enumerate(decisions):
-            if j not in claimed and d.t >= f.t - timeline.clock_uncertainty and d.t < nxt:
+            if j not in claimed and d.t >= group[0].t - timeline.clock_uncertainty and d.t < nxt:
                 by_fault[key].append(d)
                 claimed.add(j)
                 break

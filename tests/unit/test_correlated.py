@@ -225,6 +225,8 @@ def test_a_correlated_fault_is_one_recovery_and_one_charge():
     assert verdict.name == "recovery-time (fault 1)" and verdict.status == "pass"
     budget = within_budget(tl, Expectation(charged={"worker_group": 1}))
     assert budget.status == "pass", budget.message
+    # the group claims the decision as one fault (not its last member alone)
+    assert {k: len(v) for k, v in budget.evidence["attributed"].items()} == {"g1": 1}, budget.evidence
 
 
 def test_ungrouped_faults_stay_separate_recoveries():
