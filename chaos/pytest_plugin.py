@@ -83,6 +83,9 @@ def pytest_addoption(parser):
     g.addoption("--chaos-campaign-kinds", default=None, metavar="KIND[,KIND...]",
                 help="campaign (-m soak): fault kinds to draw from (default: those the session's backend can "
                      "inject, see suites/test_campaign.py)")
+    g.addoption("--chaos-refresh-baselines", action="store_true",
+                help="final-state checks: make every fault-free baseline anew instead of reusing the one cached "
+                     "under <reports>/baselines for the same workload, parameters and seed")
     g.addoption("--chaos-reports", default="reports", metavar="DIR", help="where run artefacts go")
     g.addoption("--chaos-profile", default=None, metavar="YAML",
                 help="run against the cluster this profile describes instead of the embedded cluster")
@@ -370,6 +373,7 @@ class Expect:
     slo_detect_s: float | None = None
     slo_recover_s: float | None = None
     checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
+    final_state: bool = False  # compare the final state with a fault-free run's (chaos.baseline)
 
 
 @dataclasses.dataclass
@@ -452,9 +456,10 @@ class Chaos:
 
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
-               checkpoint_in_window: bool | None = None) -> Expect:
-        """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``."""
-        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window)
+               checkpoint_in_window: bool | None = None, final_state: bool = False) -> Expect:
+        """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
+        ``final_state=True`` also compares the run's final state with a fault-free run's."""
+        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state)
 
     def _expectation(self, expect: Expect, faults: list) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
@@ -476,12 +481,19 @@ class Chaos:
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what
         the faults imply."""
-        exp = Experiment(self.env, workload, faults, self._expectation(expect or Expect(), faults),
-                         self.request.node.nodeid,
-                         reporter=live_reporter(self.request.config),
-                         judging=Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit")))
+        expect = expect or Expect()
+        expectation = self._expectation(expect, faults)
+        reporter = live_reporter(self.request.config)
+        judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"))
+        exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,
+                         judging=judging)
         self.experiments.append(exp)
         try:
+            if expect.final_state and not self.env.dry_run:  # the fault-free run first, in the same cluster
+                from chaos.baseline import baseline_for
+
+                expectation.final_state = baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter,
+                                                       judging, refresh=self._opt("chaos_refresh_baselines"))
             outcome = exp.run()
         except Aborted as e:
             pytest.skip(f"ABORTED (not failed): {e}")

@@ -64,6 +64,9 @@ class Expectation:
     # A preempted run must (True) or must not (False) commit a checkpoint between the notice
     # and the node's end; None: the preemption verdict only reports what happened.
     checkpoint_in_window: bool | None = None
+    # The fault-free run's final state to compare with (final-state verdict; chaos.baseline
+    # makes it); None: the suite did not ask for the check.
+    final_state: "Baseline | None" = None
 
 
 # -- resumed-from-latest -------------------------------------------------------------
@@ -567,6 +570,134 @@ def healed(nodes_ok: bool, nodes_detail: str, armed: list[dict], resources_ok: b
     return Verdict("healed", "pass", f"{nodes_detail}; no fault armed; {resources_detail}", None, evidence)
 
 
+# -- final-state -----------------------------------------------------------------------
+# Metrics a workload reports to name its whole state (the reference workload's digest of
+# its weights and optimizer), read from the reports' metrics besides the state metric.
+STATE_DIGEST_METRICS = ("state_digest",)
+
+
+@dataclasses.dataclass
+class Baseline:
+    """A fault-free run of the same workload and seed: each rank's final state, or why
+    there is none (``error``).  chaos.baseline makes and caches it."""
+
+    key: str
+    final: dict[int, dict] = dataclasses.field(default_factory=dict)  # rank -> {"step": s, "state": {metric: value}}
+    job_id: str | None = None
+    made_at: str | None = None
+    run_name: str | None = None
+    storage_path: str | None = None
+    cached: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Baseline":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        b = cls(**{k: v for k, v in data.items() if k in fields})
+        b.final = {int(rank): v for rank, v in (b.final or {}).items()}
+        return b
+
+
+def final_states(timeline: Timeline) -> dict[int, dict]:
+    """Each rank's last report in the last Train run: {"step": s, "state": {metric: value}}.
+
+    The state is the recorded state metric (per rank) and, for the rank whose whole metrics
+    the recorder keeps (the report's first rank), the digest metrics and the state metric
+    as reported (a hex hash the recorder's numeric view drops)."""
+    all_runs = runs(timeline)
+    if not all_runs:
+        return {}
+    events = all_runs[-1][1]
+    started = next((e for e in events if e.kind == "controller_started"), None)
+    metric = started.data.get("state_metric") if started else None
+    out: dict[int, dict] = {}
+    for r in (e for e in events if e.kind == "report"):
+        steps = steps_of(r)
+        kept = next(iter(r.data.get("steps") or {}), None)
+        for rank, step in steps.items():
+            state = {}
+            value = (r.data.get("states") or {}).get(str(rank))
+            if metric and value is not None:
+                state[metric] = value
+            if str(rank) == str(kept):
+                reported = r.data.get("metrics") or {}
+                for name in (*([metric] if metric else []), *STATE_DIGEST_METRICS):
+                    if name not in state and reported.get(name) is not None:
+                        state[name] = reported[name]
+            out[rank] = {"step": step, "state": state}
+    return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Strings (digests) exactly; numbers within the state-restored tolerance."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= STATE_ATOL + STATE_RTOL * abs(b)
+    return a == b
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
+    """The finished run's final state (each rank's step and state at its last report)
+    equals a fault-free run's of the same workload and seed: a restart that restored the
+    step but not the weights, optimizer, RNG or data order ends somewhere else."""
+    name = "final-state"
+    fins = timeline.of("run_finished")
+    ended = fins[-1].data.get("state") if fins else None
+    mine = final_states(timeline)
+    evidence = {"final": mine, "baseline": baseline.to_json(), "rtol": STATE_RTOL, "atol": STATE_ATOL}
+    if ended != "FINISHED":
+        how = f"it ended {ended}" if ended else "no final controller state was recorded"
+        return Verdict(name, "unverifiable", f"unverifiable: the run did not finish ({how}), so it has no final "
+                       "state to compare with the fault-free baseline", "unverifiable: run did not finish", evidence)
+    if not any(v["state"] for v in mine.values()):
+        return Verdict(name, "unverifiable", "unverifiable: no state metric: the run's reports carry no state value "
+                       f"(--chaos-state-metric, or a {' / '.join(STATE_DIGEST_METRICS)} metric), so its final state "
+                       "cannot be compared", "unverifiable: no state metric", evidence)
+    if baseline.error:
+        return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: {baseline.error}",
+                       "unverifiable: no baseline", evidence)
+    started = timeline.first("controller_started")
+    if started is not None and baseline.run_name and (started.data.get("run_name"), started.data.get(
+            "storage_path")) == (baseline.run_name, baseline.storage_path):
+        return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: the fault-free run used the "
+                       f"same Train run ({baseline.storage_path}/{baseline.run_name}), so one resumed from the other's "
+                       "checkpoints; give each run of the script its own name", "unverifiable: no baseline", evidence)
+    differ, compared = [], []
+    for rank in sorted(set(mine) | set(baseline.final)):
+        got, want = mine.get(rank), baseline.final.get(rank)
+        if got is None or want is None:
+            where = "the faulted run" if got is None else "the baseline"
+            differ.append(f"rank {rank} never reported in {where}")
+            continue
+        common = sorted(set(got["state"]) & set(want["state"]))
+        values = ", ".join(f"{m} {_fmt(got['state'][m])}" for m in common)
+        if got["step"] != want["step"]:
+            differ.append(f"rank {rank} finished at step {got['step']}, the baseline at step {want['step']}")
+            continue
+        bad = [m for m in common if not _same_value(got["state"][m], want["state"][m])]
+        if bad:
+            differ.append(f"rank {rank} at step {got['step']}: " + ", ".join(
+                f"{m} {_fmt(got['state'][m])} but {_fmt(want['state'][m])} in the baseline" for m in bad))
+        elif common:
+            compared.append(f"rank {rank} at step {got['step']} ({values})")
+    origin = (f"fault-free baseline job {baseline.job_id} of {baseline.made_at}"
+              + (", cached" if baseline.cached else ""))
+    if differ:
+        return Verdict(name, "fail", "final state differs from the fault-free run's: " + "; ".join(differ)
+                       + f" ({origin})", "final state differs", evidence)
+    if not compared:
+        return Verdict(name, "unverifiable", "unverifiable: no state metric: the run and its baseline report no "
+                       "state metric in common", "unverifiable: no state metric", evidence)
+    return Verdict(name, "pass", "every rank ended in the fault-free run's state: " + "; ".join(compared)
+                   + f" ({origin})", None, evidence)
+
+
 # -- all of it -------------------------------------------------------------------------
 def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
     """Per preemption: when Ray was told, the deadline, when the node went, and whether a
@@ -602,10 +733,12 @@ def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
 def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True) -> list[Verdict]:
     """Every verdict; for a run stopped because it stalled (``finished=False``), only the
     restarts it made — the stall itself is the finding about how it ended."""
+    final = [final_state_matches(timeline, expect.final_state)] if expect.final_state is not None else []
     if not finished:
-        return [*resumed_from_latest(timeline), *state_restored(timeline)]
+        return [*resumed_from_latest(timeline), *state_restored(timeline), *final]
     return [*resumed_from_latest(timeline), *state_restored(timeline), within_budget(timeline, expect),
-            *recovery_time(timeline, expect), *preemption_window(timeline, expect), run_finished(timeline, expect)]
+            *recovery_time(timeline, expect), *preemption_window(timeline, expect), run_finished(timeline, expect),
+            *final]
 
 
 def check(verdicts: list[Verdict], unverifiable: str = "fail") -> None:

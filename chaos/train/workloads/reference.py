@@ -1,7 +1,8 @@
 """The reference workload: a small deterministic DDP model under Ray Train V2.
 
 Written like a careful user's script: it resumes from ``ray.train.get_checkpoint()``,
-reports a ``step`` metric every step, and commits a checkpoint every
+reports a ``step`` metric every step (with ``state_digest``, a digest of the weights and the
+optimizer's state after the step, for the final-state verdict), and commits a checkpoint every
 ``--checkpoint-every`` steps from rank 0 — and, with ``--checkpoint-on-preemption 1``, at
 once when ``ray.train.get_preemption_info()`` says a node is being preempted.  Step s's checkpoint holds the state after
 step s, so a correct resume reports step s + 1 first.
@@ -14,6 +15,7 @@ fail a step on machines without a GPU; ``--device cuda`` trains on real GPUs.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import tempfile
 import time
@@ -34,6 +36,29 @@ def _device_step(driver) -> None:
             raise RuntimeError(f"{first}; retrying the step in the same process failed too ({again}): "
                                "the CUDA context is unusable") from first
         print(f"CUDA step failed once ({first}) and succeeded on retry in the same process", flush=True)
+
+
+def state_digest(model, optimizer) -> str:
+    """The first 16 hex digits of a sha256 over every parameter and buffer and the
+    optimizer's state (tensors and hyper-parameters): equal only when two runs' models are
+    bit-identical, so a restart that restored the step but not the weights or the
+    optimizer shows in the final state (chaos.verify.final_state_matches)."""
+    import torch
+
+    def tensor_bytes(t: torch.Tensor) -> bytes:
+        return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(tensor_bytes(t))
+    opt = optimizer.state_dict()
+    for index, state in sorted(opt["state"].items()):
+        for key, value in sorted(state.items()):
+            h.update(f"{index}.{key}".encode())
+            h.update(tensor_bytes(value) if torch.is_tensor(value) else repr(value).encode())
+    h.update(repr(opt["param_groups"]).encode())
+    return h.hexdigest()[:16]
 
 
 def train_loop(config: dict) -> None:
@@ -77,7 +102,9 @@ def train_loop(config: dict) -> None:
         if driver is not None:
             _device_step(driver)
         time.sleep(config["step_time"])  # stands in for the rest of a real step's compute
-        metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time()}
+        inner = model.module if hasattr(model, "module") else model
+        metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time(),
+                   "state_digest": state_digest(inner, optimizer)}
         # Every rank asks (the call is a barrier that agrees on one answer across ranks).
         jit = config["checkpoint_on_preemption"] and not noticed and ray.train.get_preemption_info() is not None
         if jit:
@@ -85,7 +112,6 @@ def train_loop(config: dict) -> None:
             print(f"rank {rank}: preemption notice at step {step}: checkpointing now", flush=True)
         if (jit or step % config["checkpoint_every"] == 0) and rank == 0:
             with tempfile.TemporaryDirectory() as d:
-                inner = model.module if hasattr(model, "module") else model
                 torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                            os.path.join(d, "state.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))

@@ -1,0 +1,242 @@
+"""The final-state verdict and its fault-free baselines, on recorded timelines."""
+
+import json
+
+import pytest
+
+from chaos.baseline import BaselineCache, baseline_spec, cache_key, from_run
+from chaos.errors import VerificationError
+from chaos.train.run import reference_spec, user_spec
+from chaos.verify import Baseline, Expectation, Verdict, check, final_state_matches, final_states, verdicts_for
+from timelines import Script
+
+EXPECT_ONE = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
+
+
+def loss(rank, step):
+    return round(1.0 / step + rank * 1e-3, 9)
+
+
+def digest(lineage, step):
+    return f"{lineage}{step:014d}"[-16:]
+
+
+def with_digests(script, lineage_of_attempt):
+    """Rank 0's metrics carry the reference workload's state_digest, as the recorder keeps them."""
+    for e in script.events:
+        if e.kind == "report":
+            e.data["metrics"]["state_digest"] = digest(lineage_of_attempt(e.attempt), e.data["steps"]["0"])
+    return script
+
+
+def fault_free():
+    return with_digests(Script(state_metric="loss").start_attempt().steps(1, 20, state=loss).finish(), lambda a: "a")
+
+
+def faulted(lineage_after_restart="a", state_after_restart=loss):
+    s = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
+         .start_attempt().steps(11, 20, state=state_after_restart).finish())
+    return with_digests(s, lambda a: "a" if a == 0 else lineage_after_restart)
+
+
+def baseline_of(script, **kw) -> Baseline:
+    return Baseline("k1", final=final_states(script.timeline()), job_id="chaos-base-1", made_at="2026-12-01T12:00:00",
+                    run_name="base", storage_path="/storage", **kw)
+
+
+def test_final_state_is_each_ranks_last_report_with_state_and_digest():
+    final = final_states(faulted().timeline())
+    assert final == {0: {"step": 20, "state": {"loss": loss(0, 20), "state_digest": digest("a", 20)}},
+                     1: {"step": 20, "state": {"loss": loss(1, 20)}}}
+
+
+def test_equal_final_state_passes():
+    v = final_state_matches(faulted().timeline(), baseline_of(fault_free()))
+    assert v.status == "pass", v.line()
+    assert "rank 0 at step 20" in v.message and "state_digest a00000000000020" in v.message
+    assert "rank 1 at step 20 (loss" in v.message and "chaos-base-1" in v.message
+
+
+def test_restart_that_restored_the_step_but_not_the_optimizer_fails_naming_rank_step_and_values():
+    # The resume verdict passes (attempt 1 began at step 11), but the state went another way.
+    tl = faulted(lineage_after_restart="b").timeline()
+    verdicts = verdicts_for(tl, Expectation(**{**EXPECT_ONE.__dict__, "final_state": baseline_of(fault_free())}))
+    resume = next(v for v in verdicts if v.name.startswith("resumed-from-latest"))
+    assert resume.status == "pass"
+    [v] = [v for v in verdicts if v.name == "final-state"]
+    assert v.status == "fail" and v.diagnosis == "final state differs"
+    assert v.message.startswith("final state differs from the fault-free run's: rank 0 at step 20: state_digest "
+                                f"{digest('b', 20)} but {digest('a', 20)} in the baseline")
+    assert "rank 1" not in v.message  # rank 1's loss matched
+    with pytest.raises(VerificationError, match="final state differs"):
+        check(verdicts)
+
+
+def test_a_numeric_state_beyond_the_tolerance_fails_within_it_passes():
+    base = baseline_of(fault_free())
+    v = final_state_matches(faulted(state_after_restart=lambda r, s: loss(r, s) * (1 + 1e-6)).timeline(), base)
+    assert v.status == "pass", v.line()
+    v = final_state_matches(faulted(state_after_restart=lambda r, s: loss(r, s) * 1.01).timeline(), base)
+    assert v.status == "fail" and "rank 0 at step 20: loss 0.0505 but 0.05 in the baseline" in v.message
+    assert "rank 1 at step 20: loss 0.05151 but 0.051 in the baseline" in v.message
+
+
+def test_a_different_final_step_fails_naming_both_steps():
+    base = baseline_of(fault_free())
+    short = with_digests(Script(state_metric="loss").start_attempt().steps(1, 18, state=loss).finish(), lambda a: "a")
+    v = final_state_matches(short.timeline(), base)
+    assert v.status == "fail"
+    assert "rank 0 finished at step 18, the baseline at step 20" in v.message
+
+
+def test_no_state_metric_is_unverifiable_never_a_pass():
+    plain = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
+    v = final_state_matches(plain.timeline(), baseline_of(fault_free()))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric"
+    with pytest.raises(VerificationError, match="unverifiable: no state metric"):
+        check([v])
+
+
+def test_an_unfinished_run_is_unverifiable():
+    errored = with_digests(Script(state_metric="loss").start_attempt().steps(1, 12, state=loss)
+                           .finish(state="ERRORED"), lambda a: "a")
+    v = final_state_matches(errored.timeline(), baseline_of(fault_free()))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: run did not finish"
+    assert "it ended ERRORED" in v.message
+    stopped = with_digests(Script(state_metric="loss").start_attempt().steps(1, 12, state=loss), lambda a: "a")
+    verdicts = verdicts_for(stopped.timeline(), Expectation(final_state=baseline_of(fault_free())), finished=False)
+    [v] = [v for v in verdicts if v.name == "final-state"]
+    assert v.status == "unverifiable" and "no final controller state was recorded" in v.message
+
+
+def test_no_baseline_is_unverifiable_with_the_reason():
+    v = final_state_matches(faulted().timeline(), Baseline("k1", error="the fault-free run broke: cluster gone"))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no baseline"
+    assert v.message == "unverifiable: no baseline could be made: the fault-free run broke: cluster gone"
+
+
+def test_a_baseline_that_shared_the_runs_train_run_is_no_baseline():
+    tl = faulted().timeline()
+    started = tl.first("controller_started")
+    started.data["storage_path"] = "/storage"
+    base = baseline_of(fault_free())
+    base.run_name = started.data["run_name"]
+    v = final_state_matches(tl, base)
+    assert v.status == "unverifiable" and "same Train run (/storage/r)" in v.message
+
+
+def test_the_verdict_is_opt_in():
+    assert not [v for v in verdicts_for(faulted().timeline(), EXPECT_ONE) if v.name == "final-state"]
+
+
+# -- the baseline cache ----------------------------------------------------------------
+def test_cache_key_ignores_run_name_and_storage_but_not_seed_or_parameters():
+    def key(name="a", storage="/s1", **params):
+        return cache_key(reference_spec(name, storage, **{"steps": 20, "num_workers": 2, "seed": 0, **params}))[0]
+
+    assert key() == key(name="test_x-1f2e3d", storage="/elsewhere/storage")
+    assert key(seed=1) != key()
+    assert key(steps=21) != key()
+    assert key(num_workers=3) != key()
+    material = cache_key(reference_spec("a", "/s1"))[1]
+    assert "/s1" not in json.dumps(material) and '"a"' not in json.dumps(material)
+    assert material["ray"] and material["code"]
+
+
+def test_user_script_key_ignores_its_storage_option_and_follows_its_code(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+
+    def key(cmd):
+        return cache_key(user_spec(cmd, "t-abc123", working_dir=str(tmp_path), state_metric="weights_hash"))[0]
+
+    same = key("python train.py --storage=/b --name y --seed 1")
+    assert key("python train.py --storage /a --name x --seed 1") == same
+    before = key("python train.py --seed 1")
+    assert key("python train.py --seed 2") != before
+    script.write_text("print(2)\n")
+    assert key("python train.py --seed 1") != before
+
+
+def test_cached_baseline_is_reused_and_refresh_makes_a_new_one(tmp_path):
+    spec = reference_spec("a", "/s", steps=20, seed=0)
+    made = []
+
+    def make(key):
+        made.append(key)
+        return Baseline(key, final={0: {"step": 20, "state": {"state_digest": "x"}}}, job_id=f"job{len(made)}")
+
+    cache = BaselineCache(tmp_path)
+    first = cache.get(spec, make)
+    again = cache.get(reference_spec("b", "/other", steps=20, seed=0), make)
+    assert len(made) == 1 and not first.cached and again.cached
+    assert again.final == first.final and again.job_id == "job1"
+    saved = json.loads(cache.path(first.key).read_text())
+    assert saved["key_material"]["seed"] == 0 and saved["baseline"]["job_id"] == "job1"
+    assert cache.get(spec, make, refresh=True).job_id == "job2" and len(made) == 2
+    assert cache.get(spec, make).job_id == "job2"
+
+
+def test_a_failed_baseline_is_not_cached(tmp_path):
+    calls = []
+
+    def make(key):
+        calls.append(key)
+        return Baseline(key, error="the fault-free run broke")
+
+    cache = BaselineCache(tmp_path)
+    spec = reference_spec("a", "/s")
+    assert cache.get(spec, make).error and cache.get(spec, make).error
+    assert len(calls) == 2 and not list(tmp_path.iterdir())
+
+
+def test_baseline_from_a_run_takes_its_final_state_or_says_why_not():
+    tl = fault_free().timeline()
+    ok = from_run("k", "job1", tl, [Verdict("run-finished", "pass", "ok")])
+    assert ok.error is None and ok.final[0]["state"]["state_digest"] == digest("a", 20)
+    assert ok.run_name == "r"
+    bad = from_run("k", "job1", tl, [Verdict("run-finished", "fail", "run failed: ended ERRORED: boom")])
+    assert bad.error == "the fault-free run (job job1) failed: run failed: ended ERRORED: boom"
+    plain = Script().start_attempt().steps(1, 5).finish().timeline()
+    assert from_run("k", "job1", plain, []).error == "the fault-free run (job job1) reported no state value"
+
+
+def test_baseline_spec_is_its_own_run_with_the_same_parameters():
+    spec = reference_spec("t-1", "/s", steps=20, seed=3, checkpoint_on_preemption=True)
+    base = baseline_spec(spec, "/s", {})
+    assert base.name == "t-1-baseline" and "--name t-1-baseline" in base.entrypoint
+    assert base.params == spec.params and cache_key(base)[0] == cache_key(spec)[0]
+    # the faults' run environment comes along (nothing armed), so both runs start alike
+    assert baseline_spec(spec, "/s", {"LD_PRELOAD": "/shim.so"}).env_vars == {"LD_PRELOAD": "/shim.so"}
+    user = user_spec("python train.py", "t-2")
+    assert baseline_spec(user, None, {}).entrypoint == "python train.py"
+
+
+def test_baseline_json_round_trip_keeps_integer_ranks():
+    b = baseline_of(fault_free())
+    again = Baseline.from_json(json.loads(json.dumps(b.to_json())))
+    assert again.final == b.final and again.final[1]["step"] == 20
+
+
+def test_state_digest_sees_the_optimizer_and_survives_a_checkpoint_round_trip(tmp_path):
+    torch = pytest.importorskip("torch")
+    from chaos.train.workloads.reference import state_digest
+
+    def build(momentum):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1)
+        return m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum)
+
+    m, opt = build(0.9)
+    m(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "state.pt")
+    restored, ropt = build(0.9)
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    restored.load_state_dict(state["model"])
+    ropt.load_state_dict(state["optimizer"])
+    assert state_digest(restored, ropt) == state_digest(m, opt)
+    weights_only, fresh_opt = build(0.9)
+    weights_only.load_state_dict(state["model"])  # the optimizer's momentum was not restored
+    assert state_digest(weights_only, fresh_opt) != state_digest(m, opt)
+    assert len(state_digest(m, opt)) == 16
