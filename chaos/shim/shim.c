@@ -7,9 +7,12 @@
  *   3. cuGetProcAddress(_v2)                 -> wrappers for both, which substitute
  *                                               our wrapper for every entry point we wrap
  * Resolution happens once at start-up, so the decision to inject is made at CALL time:
- * every wrapper first compares the control file's generation with the one it last saw
- * (one atomic load); while disarmed that is the whole cost.  See README.md for the plan
- * language and the control-file layout.
+ * every wrapper first loads one word that says, for the control file's generation it was
+ * computed for, which entry points would pass straight through under the current plan
+ * (all while disarmed; while armed, those of other symbols, or all for another rank or
+ * once the plan's shots are spent).  If that generation is the file's and the wrapper's
+ * bit is set, that is the whole cost.  See README.md for the plan language and the
+ * control-file layout.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -111,7 +114,12 @@ enum { K_NONE, K_LAUNCH, K_ALLOC, K_SYNC, K_QUERY };
 
 #define ENUM_ID(name, ...) W_##name,
 enum { WRAPPED(ENUM_ID) W_INJECTABLE, W_cuGetProcAddress = W_INJECTABLE, W_cuGetProcAddress_v2, W_COUNT };
-_Static_assert(W_INJECTABLE <= 64, "plan symbol masks are 64-bit");
+_Static_assert(W_INJECTABLE <= 32, "the pass word holds a generation and a 32-bit mask of entry points");
+
+/* Entry points that consume a deferred fault (they fail while one is pending). */
+#define SYNC_BIT(name, base, minver, ptsz, kind, ...) | ((kind) == K_SYNC || (kind) == K_QUERY ? 1ULL << W_##name : 0)
+static const uint64_t k_sync_mask = 0 WRAPPED(SYNC_BIT);
+#define ALL_PASS ((1ULL << W_INJECTABLE) - 1)
 
 /* Real driver functions, filled lazily (exported path) or by dlsym/cuGetProcAddress. */
 static void *g_real[W_COUNT];
@@ -141,17 +149,20 @@ typedef struct plan {
 static struct ctl_hdr g_dummy_ctl;           /* stands in when no control file is mapped */
 static struct ctl_hdr *g_ctl = &g_dummy_ctl;
 #define GEN_NEVER (1ULL << 32)               /* no 32-bit generation equals it */
-static uint64_t g_quiet_gen;                 /* == ctl gen while disarmed: the fast path */
 static uint64_t g_seen_gen = GEN_NEVER;      /* last generation applied */
+/* The fast path's state in one word: the generation it holds for (high 32 bits) and a bit
+ * per wrapped entry point (low 32) whose calls pass straight through; 0 = none do.
+ * Recomputed by update_pass() after every change of what it summarises. */
+static uint64_t g_pass;
 static plan_t *g_plan;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_rank = -1, g_local_rank = -1;   /* read lazily: Ray sets them after start */
 static char g_host[256];
 static int g_log_fd = -1;
 
-static inline int quiet(void) {
-    return (uint64_t)__atomic_load_n(&g_ctl->gen, __ATOMIC_RELAXED) ==
-           __atomic_load_n(&g_quiet_gen, __ATOMIC_RELAXED);
+static inline int passes(int id) {
+    uint64_t bit = 1ULL << id, want = (uint64_t)__atomic_load_n(&g_ctl->gen, __ATOMIC_RELAXED) << 32 | bit;
+    return (__atomic_load_n(&g_pass, __ATOMIC_RELAXED) & (0xffffffff00000000ULL | bit)) == want;
 }
 
 /* ---- exported wrappers ---- */
@@ -165,7 +176,7 @@ static inline int quiet(void) {
     }                                                                           \
     API CUresult name params {                                                  \
         name##_fn real = (name##_fn)__atomic_load_n(&g_real[W_##name], __ATOMIC_RELAXED); \
-        if (__builtin_expect(real != NULL && quiet(), 1)) return real args;     \
+        if (__builtin_expect(real != NULL && passes(W_##name), 1)) return real args; \
         return name##_slow args;                                                \
     }
 WRAPPED(DEFINE_WRAPPER)
@@ -505,16 +516,52 @@ static int read_control(char *buf, uint32_t *len, uint32_t *gen) {
     return -1;
 }
 
+static int g_arm_unlogged;
+
+/* The plan selects a rank this process is known not to be (RANK/LOCAL_RANK, once read, are
+ * cached for good). */
+static int other_rank(const plan_t *p) {
+    int rank = __atomic_load_n(&g_rank, __ATOMIC_RELAXED), local = __atomic_load_n(&g_local_rank, __ATOMIC_RELAXED);
+    return (p->rank >= 0 && rank >= 0 && rank != p->rank) ||
+           (p->local_rank >= 0 && local >= 0 && local != p->local_rank);
+}
+
+/* Recomputes g_pass for the applied generation; caller holds g_lock.  Every change of
+ * what it reads (plan, arm log, trip, pending fault, shots left, known rank) is followed
+ * by a call, so the last call sees the latest state.  Calls that find their bit set are
+ * exactly those gate() would let through untouched and uncounted. */
+static void update_pass(void) {
+    uint64_t gen = __atomic_load_n(&g_seen_gen, __ATOMIC_RELAXED), pass = 0;
+    plan_t *p = __atomic_load_n(&g_plan, __ATOMIC_RELAXED);
+    if (gen == GEN_NEVER) {
+        __atomic_store_n(&g_pass, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    if (!p) {
+        pass = ALL_PASS;
+    } else if (!__atomic_load_n(&g_arm_unlogged, __ATOMIC_ACQUIRE) && !__atomic_load_n(&p->tripped, __ATOMIC_ACQUIRE)) {
+        int spent = p->times && __atomic_load_n(&p->fired, __ATOMIC_ACQUIRE) >= p->times;
+        pass = other_rank(p) || spent ? ALL_PASS : ALL_PASS & ~p->mask;
+        if (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) pass &= ~k_sync_mask;
+    }
+    __atomic_store_n(&g_pass, gen << 32 | pass, __ATOMIC_RELEASE);
+}
+
+static void refresh_pass(void) {
+    pthread_mutex_lock(&g_lock);
+    update_pass();
+    pthread_mutex_unlock(&g_lock);
+}
+
 /* Publishes `p` (NULL = disarmed) as the plan for generation `gen`; caller holds g_lock.
  * A plan armed at start-up is logged at the process's first driver call instead: every
  * child of a shimmed process inherits LD_PRELOAD, and most never touch CUDA. */
-static int g_arm_unlogged;
 static void publish(plan_t *p, uint32_t gen, int at_startup) {
     plan_t *old = g_plan;
     __atomic_store_n(&g_plan, p, __ATOMIC_RELEASE);
     __atomic_store_n(&g_seen_gen, (uint64_t)gen, __ATOMIC_RELEASE);
-    __atomic_store_n(&g_quiet_gen, p ? GEN_NEVER : (uint64_t)gen, __ATOMIC_RELEASE);
     int old_unlogged = __atomic_exchange_n(&g_arm_unlogged, p && at_startup, __ATOMIC_ACQ_REL);
+    update_pass();
     if (p && !at_startup) log_event("arm", p, "", 0);
     else if (!p && old && !old_unlogged) log_event("disarm", old, "", 0);
 }
@@ -534,8 +581,10 @@ static void reload(void) {
     if (now != __atomic_load_n(&g_seen_gen, __ATOMIC_RELAXED)) {
         if (read_control(buf, &len, &gen) == 0)
             publish(apply_text(buf, len, "control-file"), gen, 0);
-        else /* a writer is mid-update (or died there): keep the plan, look again when gen moves */
+        else { /* a writer is mid-update (or died there): keep the plan, look again when gen moves */
             __atomic_store_n(&g_seen_gen, (uint64_t)now, __ATOMIC_RELEASE);
+            update_pass();
+        }
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -593,22 +642,33 @@ static CUresult hang(plan_t *p, int kind) {
 static CUresult gate(int id, int kind, void *func) {
     plan_t *p = current_plan();
     if (!p) return CUDA_SUCCESS;
-    if (__atomic_load_n(&g_arm_unlogged, __ATOMIC_RELAXED) && __atomic_exchange_n(&g_arm_unlogged, 0, __ATOMIC_ACQ_REL))
+    if (__atomic_load_n(&g_arm_unlogged, __ATOMIC_RELAXED) && __atomic_exchange_n(&g_arm_unlogged, 0, __ATOMIC_ACQ_REL)) {
         log_event("arm", p, "", 0);
+        refresh_pass();
+    }
     if (__atomic_load_n(&p->tripped, __ATOMIC_ACQUIRE))
         return p->mode == M_HANG ? hang(p, kind) : p->error;
-    if ((kind == K_SYNC || kind == K_QUERY) && __atomic_exchange_n(&p->pending, 0, __ATOMIC_ACQ_REL)) {
+    /* a plain load first: the locked exchange only when a fault is actually pending */
+    if ((kind == K_SYNC || kind == K_QUERY) && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) &&
+        __atomic_exchange_n(&p->pending, 0, __ATOMIC_ACQ_REL)) {
         if (p->sticky) __atomic_store_n(&p->tripped, 1, __ATOMIC_RELEASE);
+        refresh_pass();
         return p->error;
     }
-    if (!(p->mask >> id & 1) || !selectors_match(p, kind, func)) return CUDA_SUCCESS;
+    if (!(p->mask >> id & 1)) return CUDA_SUCCESS;
+    if (!selectors_match(p, kind, func)) {
+        if (other_rank(p)) refresh_pass(); /* the rank just became known: later calls skip gate() */
+        return CUDA_SUCCESS;
+    }
     uint64_t call = __atomic_add_fetch(&p->calls, 1, __ATOMIC_ACQ_REL);
     if (!triggered(p, call)) return CUDA_SUCCESS;
     if (p->times && __atomic_fetch_add(&p->fired, 1, __ATOMIC_ACQ_REL) >= p->times) return CUDA_SUCCESS;
     log_event("inject", p, k_rows[id].name, call);
+    if (p->mode == M_DEFERRED) __atomic_store_n(&p->pending, 1, __ATOMIC_RELEASE);
+    if (p->mode == M_HANG || (p->mode == M_ERROR && p->sticky)) __atomic_store_n(&p->tripped, 1, __ATOMIC_RELEASE);
+    refresh_pass(); /* before a hang or delay blocks: the other threads see the new state at once */
     switch (p->mode) {
     case M_DEFERRED:
-        __atomic_store_n(&p->pending, 1, __ATOMIC_RELEASE);
         return CUDA_SUCCESS;
     case M_DELAY: {
         struct timespec d = {(time_t)(p->delay_us / 1000000), (long)(p->delay_us % 1000000) * 1000};
@@ -616,10 +676,8 @@ static CUresult gate(int id, int kind, void *func) {
         return CUDA_SUCCESS;
     }
     case M_HANG:
-        __atomic_store_n(&p->tripped, 1, __ATOMIC_RELEASE);
         return hang(p, kind);
     default:
-        if (p->sticky) __atomic_store_n(&p->tripped, 1, __ATOMIC_RELEASE);
         return p->error;
     }
 }
@@ -646,9 +704,10 @@ static void map_control(const char *path) {
 static void before_fork(void) { pthread_mutex_lock(&g_lock); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&g_lock); }
 static void after_fork_child(void) {
-    pthread_mutex_unlock(&g_lock);
     plan_t *p = g_plan;
     if (p) p->calls = p->fired = 0, p->pending = p->tripped = 0;
+    update_pass(); /* a plan whose shots the parent spent has them all again */
+    pthread_mutex_unlock(&g_lock);
 }
 
 __attribute__((constructor)) static void chaos_init(void) {
