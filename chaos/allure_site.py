@@ -65,6 +65,7 @@ DIAGNOSES: dict[str, tuple[str, ...]] = {
     "resumed at an unexpected step": ("resumed at an unexpected step",),
     "ranks disagree": ("ranks disagree",),
     "state not restored": ("state not restored",),
+    "final state differs": ("final state differs",),
     "training stalled": ("training stalled",),
     "did not resume": ("did not resume",),
     "unrelated failure": ("unrelated failure",),

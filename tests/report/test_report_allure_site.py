@@ -40,6 +40,8 @@ def first_category(message: str, status: str, full_match: bool) -> str | None:
         ("ranks disagree: after the restart attempt 1 began with rank 0 at step 11, rank 1 at step 10", "failed",
          "ranks disagree"),
         ("state not restored: rank 0 reported loss 0.5 at re-done step 11", "failed", "state not restored"),
+        ("final state differs: rank 0 at step 20: state_digest 85bf but 1c2d in the baseline", "failed",
+         "final state differs"),
         ("training stalled: no rank reported for 75 s", "failed", "training stalled"),
         ("unrelated failure: attempt 1 failed with ValueError", "failed", "unrelated failure"),
         ("charged to the wrong budget class: Ray charged preemption", "failed", "wrong budget charge"),
