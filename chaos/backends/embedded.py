@@ -19,6 +19,7 @@ from chaos.profile import SafetySettings
 from chaos.safety import NodeInfo
 from chaos.transport.base import Transport
 from chaos.transport.local import LocalTransport
+from chaos.waits import poll_until
 
 if TYPE_CHECKING:
     from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig, WorkerHost
@@ -91,7 +92,9 @@ class EmbeddedBackend(Backend):
         return not down, f"all {len(self.embedded.hosts)} worker hosts alive" if not down else f"hosts down: {down}"
 
     def wait_healed(self, timeout: float) -> None:
-        self.embedded.wait_workers_alive(timeout)
+        """Until healthy_workers says so: right after a kill the cluster's own record (the
+        supervisor's node ids, the dashboard's table) can still show the dead node alive."""
+        poll_until(self.healthy_workers, timeout, "every embedded worker host to run a live node again", interval=0.3)
 
 
 def _properties(cluster: "EmbeddedCluster") -> dict:
