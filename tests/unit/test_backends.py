@@ -277,3 +277,19 @@ def test_what_the_suite_says_overrides_what_the_faults_imply():
     e = chaos._expectation(chaos.expect(charged={"worker_group": 3}, budget_exhausted=True, slo_detect_s=9),
                            [(None, RayletKill())])
     assert (e.charged, e.budget_exhausted, e.slo_detect_s) == ({"worker_group": 3}, True, 9)
+
+
+def test_embedded_heal_waits_until_the_dead_node_is_seen_replaced(monkeypatch):
+    """Right after a kill the cluster's own record can still show the dead node alive: heal
+    waits on the same view the healed verdict reads, not on that record."""
+    b = backends.EmbeddedBackend()
+    answers = iter([(False, "hosts down: ['worker-2']")] * 3 + [(True, "all 3 worker hosts alive")])
+    seen = []
+
+    def healthy():
+        seen.append(next(answers))
+        return seen[-1]
+
+    monkeypatch.setattr(b, "healthy_workers", healthy)
+    b.wait_healed(10)
+    assert len(seen) == 4 and seen[-1][0]
