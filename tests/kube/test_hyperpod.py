@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_ID_LABEL, PENDI
                                           Hosts, HyperPodAgent, api_client_for)
 from chaos.embedded.kube.resources import NODES, PODS
 from kube_helpers import add_node, add_pod, wait_for
+from local_kubelet import LocalProcesses
 
 boto3 = pytest.importorskip("boto3")
 botocore = pytest.importorskip("botocore")
@@ -33,21 +36,35 @@ ID1, ID2 = "i-0123456789abcdef0", "i-0fedcba9876543210"
 
 
 class FakeHosts(Hosts):
-    """Reboot/replace block until the test releases them; what the node looked like then is kept."""
+    """Power-off SIGKILLs the processes of the node's pods (what a host going down does to them);
+    reboot/replace block until the test releases them.  What the node and its pods looked like at
+    each call is kept."""
 
-    def __init__(self, server: ApiServer):
-        self.server = server
+    def __init__(self, server: ApiServer, kubelet: LocalProcesses):
+        self.server, self.kubelet = server, kubelet
         self.release = threading.Event()
         self.calls: list[tuple[str, str]] = []
-        self.seen_at_call: dict[str, dict] = {}
+        self.seen_at_call: dict[tuple[str, str], dict] = {}  # (call, node) -> {"node": ..., "pods": [...]}
         self.boots = 0
         self.entered = threading.Event()
 
-    def _enter(self, what: str, node: str) -> None:
-        pods = [p["metadata"]["name"] for p in self.server.store.list(PODS.plural)[0]
-                if p["spec"].get("nodeName") == node]
-        self.seen_at_call[node] = {"node": self.server.store.get(NODES.plural, None, node), "pods": pods}
+    def _seen(self, what: str, node: str) -> list[dict]:
+        pods = [p for p in self.server.store.list(PODS.plural)[0] if p["spec"].get("nodeName") == node]
+        self.seen_at_call[(what, node)] = {"node": self.server.store.get(NODES.plural, None, node),
+                                           "pods": [p["metadata"]["name"] for p in pods]}
         self.calls.append((what, node))
+        return pods
+
+    def power_off(self, node_name: str) -> None:
+        procs = [self.kubelet.procs[p["metadata"]["uid"]] for p in self._seen("power_off", node_name)]
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session, started by the test kubelet
+        for proc in procs:
+            proc.wait(timeout=10)
+
+    def _enter(self, what: str, node: str) -> None:
+        self._seen(what, node)
         self.entered.set()
         if not self.release.wait(15):
             raise TimeoutError(f"test never released the {what} of {node}")
@@ -73,8 +90,8 @@ def no_aws(monkeypatch):
 
 
 @pytest.fixture
-def hosts(server):
-    fake = FakeHosts(server)
+def hosts(server, kubelet):
+    fake = FakeHosts(server, kubelet)
     yield fake
     fake.release.set()
 
@@ -130,14 +147,16 @@ def test_label_triggered_reboot_kills_pods_cordons_and_restores(server, kubelet,
     start = server.store.resource_version
     label(server, node, PENDING_REBOOT)
     assert hosts.entered.wait(10), f"reboot never called; agent saw {agent.steps(node)}"
-    during = hosts.seen_at_call[node]
-    assert during["pods"] == [], "every pod on the node is gone (force-deleted) before the host goes down"
-    assert during["node"]["spec"]["unschedulable"] is True
+    down = hosts.seen_at_call[("power_off", node)]
+    assert down["pods"] == ["w1", "w2"], "the host goes down before its pods are deleted"
+    assert down["node"]["spec"]["unschedulable"] is True
     assert {"key": UNSCHEDULABLE_TAINT["key"], "effect": "NoSchedule"}.items() <= \
-        during["node"]["spec"]["taints"][0].items()
-    assert during["node"]["metadata"]["labels"][HEALTH_LABEL] == PENDING_REBOOT
-    for proc in procs:  # the kubelet still kills the processes (2 s floor)
-        assert proc.wait(timeout=10) is not None
+        down["node"]["spec"]["taints"][0].items()
+    assert down["node"]["metadata"]["labels"][HEALTH_LABEL] == PENDING_REBOOT
+    during = hosts.seen_at_call[("reboot", node)]
+    assert during["pods"] == [], "every pod on the node is gone (force-deleted) before the host boots again"
+    assert {c["type"]: c["status"] for c in during["node"]["status"]["conditions"]}["Ready"] == "False"
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2, "the power-off killed them"
     hosts.release.set()
     agent.wait_for(node, "schedulable")
     final = server.store.get(NODES.plural, None, node)
@@ -147,8 +166,8 @@ def test_label_triggered_reboot_kills_pods_cordons_and_restores(server, kubelet,
     times = [t.mono for t in agent.history(node)]
     assert times == sorted(times)
     assert agent.history(node)[-2].detail == {"boot_id": "boot-1"}
-    assert agent.history(node)[2].detail["pods"] == ["default/w1", "default/w2"]
-    assert hosts.calls == [("reboot", node)]
+    assert agent.history(node)[REBOOT_STEPS.index("pods_killed")].detail["pods"] == ["default/w1", "default/w2"]
+    assert hosts.calls == [("power_off", node), ("reboot", node)]
     # The node's own event order: label, cordon+taint, NotReady, (host back) Ready, Schedulable+uncordoned.
     assert node_history(server, node, start) == [
         ("MODIFIED", PENDING_REBOOT, False, [], ""),
@@ -161,6 +180,49 @@ def test_label_triggered_reboot_kills_pods_cordons_and_restores(server, kubelet,
     assert ("DELETED", "w1") in pod_events and ("DELETED", "w2") in pod_events
     assert all(e.obj["metadata"].get("deletionGracePeriodSeconds") == 0
                for e in server.store.events(PODS.plural, start) if e.type == "DELETED")
+
+
+# A pod that notes a SIGTERM (a Ray pod would drain as PREEMPTION) and keeps running.
+TERM_NOTER = [sys.executable, "-c", "import pathlib, signal, sys, time; "
+              "signal.signal(signal.SIGTERM, lambda *_: pathlib.Path(sys.argv[1]).write_text('SIGTERM')); "
+              "print('ready', flush=True); time.sleep(3600)"]
+
+
+@pytest.mark.parametrize("value, last", [(PENDING_REBOOT, "schedulable"), (PENDING_REPLACEMENT, "node_created")])
+def test_the_host_goes_down_before_its_pods_are_deleted(server, kubelet, agent, hosts, tmp_path, value, last):
+    """Every pod dies at once with its host: none is deleted (and so SIGTERMed) while it still runs."""
+    node = "hyperpod-" + ID1
+    hp_node(server, node, ID1)
+    marker = tmp_path / "w1.sigterm"
+    add_pod(server, "w1", node, WORKER, command=[*TERM_NOTER, str(marker)])
+    proc = kubelet.procs[server.store.get(PODS.plural, "default", "w1")["metadata"]["uid"]]
+    label(server, node, value)
+    assert hosts.entered.wait(10), f"reboot/replace never called; agent saw {agent.steps(node)}"
+    assert [what for what, _ in hosts.calls] == ["power_off", "reboot" if value == PENDING_REBOOT else "replace"]
+    assert hosts.seen_at_call[("power_off", node)]["pods"] == ["w1"], "pods deleted before the host went down"
+    assert proc.returncode == -signal.SIGKILL and not marker.exists(), \
+        f"w1 exited {proc.returncode}; SIGTERM noted: {marker.exists()}"
+    steps = agent.steps(node)
+    assert steps.index("host_down") < steps.index("pods_killed"), steps
+    hosts.release.set()
+    agent.wait_for(node, last)
+    assert not marker.exists()
+
+
+def test_a_failed_power_off_leaves_the_node_and_its_pods_alone(server, kubelet, agent, hosts):
+    def broken(node_name: str) -> None:
+        raise OSError(f"power controller of {node_name} unreachable")
+
+    hosts.power_off = broken
+    hp_node(server, "n1", ID1)
+    add_pod(server, "w1", "n1", WORKER)
+    proc = kubelet.procs[server.store.get(PODS.plural, "default", "w1")["metadata"]["uid"]]
+    label(server, "n1", PENDING_REBOOT)
+    failed = agent.wait_for("n1", "failed")
+    assert failed.detail["error"] == "OSError: power controller of n1 unreachable"
+    assert agent.steps("n1") == ["requested", "cordoned", "failed"]
+    pod = server.store.get(PODS.plural, "default", "w1")
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp") and proc.poll() is None
 
 
 def test_label_triggered_replace_makes_a_new_node(server, agent, hosts):
@@ -179,7 +241,8 @@ def test_label_triggered_replace_makes_a_new_node(server, agent, hosts):
     assert labels["sagemaker.amazonaws.com/instance-group-name"] == "workers"
     assert {"type": "Ready", "status": "True"}.items() <= new["status"]["conditions"][0].items()
     assert new["status"]["addresses"] == [{"type": "InternalIP", "address": "198.18.0.9"}]
-    assert hosts.seen_at_call[old["metadata"]["name"]] == {"node": None, "pods": []}
+    assert hosts.seen_at_call[("power_off", old["metadata"]["name"])]["pods"] == ["w1"]
+    assert hosts.seen_at_call[("replace", old["metadata"]["name"])] == {"node": None, "pods": []}
     assert agent.steps(old["metadata"]["name"]) == list(REPLACE_STEPS)
     assert [t.step for t in agent.history(new_name)] == ["host_replaced", "node_created"]
 
@@ -190,7 +253,7 @@ def test_kubectl_label_overwrite_triggers_the_reboot(server, agent, hosts, kubec
     result = kubectl.run("label", "node", "n1", f"{HEALTH_LABEL}={PENDING_REBOOT}", "--overwrite")
     assert result.returncode == 0, result.stderr
     agent.wait_for("n1", "schedulable")
-    assert hosts.calls == [("reboot", "n1")]
+    assert hosts.calls == [("power_off", "n1"), ("reboot", "n1")]
     assert server.store.get(NODES.plural, None, "n1")["metadata"]["labels"][HEALTH_LABEL] == SCHEDULABLE
 
 
@@ -211,7 +274,8 @@ def test_a_failed_reboot_is_recorded_and_not_restarted_by_stale_events(server, a
     hosts.release.set()
     label(server, "n2", PENDING_REBOOT)
     agent.wait_for("n2", "schedulable")
-    assert agent.steps("n1") == ["requested", "cordoned", "pods_killed", "not_ready", "host_rebooting", "failed"]
+    assert agent.steps("n1") == ["requested", "cordoned", "host_down", "not_ready", "pods_killed", "host_rebooting",
+                                 "failed"]
     again = time.monotonic()
     label(server, "n1", SCHEDULABLE)
     label(server, "n1", PENDING_REBOOT)
@@ -221,7 +285,7 @@ def test_a_failed_reboot_is_recorded_and_not_restarted_by_stale_events(server, a
 
 def test_watch_rewatches_a_dropped_stream_and_relists_after_410(kubelet):
     with ApiServer(lifecycle=kubelet, history=4) as server:
-        hosts = FakeHosts(server)
+        hosts = FakeHosts(server, kubelet)
         hosts.release.set()
         with HyperPodAgent(api_client_for(server.url), hosts) as agent:
             assert agent.ready.wait(10)
@@ -246,7 +310,7 @@ def test_watch_rewatches_a_dropped_stream_and_relists_after_410(kubelet):
             assert agent.relists == 2, "the 410 made the agent re-list"
             label(server, "a", PENDING_REBOOT)  # and it still sees live changes
             agent.wait_for("a", "schedulable")
-        assert hosts.calls == [("reboot", "b"), ("reboot", "a")]
+        assert hosts.calls == [("power_off", "b"), ("reboot", "b"), ("power_off", "a"), ("reboot", "a")]
 
 
 # ---- the SageMaker endpoint ------------------------------------------------------------------
@@ -285,7 +349,7 @@ def test_batch_reboot_through_boto3(server, agent, hosts, sagemaker):
     assert set(answer["Failed"][0]) == set(model["shapes"]["BatchRebootClusterNodesError"]["required"])
     assert answer["Failed"][0]["ErrorCode"] in model["shapes"]["BatchRebootClusterNodesErrorCode"]["enum"]
     agent.wait_for("hyperpod-" + ID1, "schedulable")
-    assert hosts.calls == [("reboot", "hyperpod-" + ID1)]
+    assert hosts.calls == [("power_off", "hyperpod-" + ID1), ("reboot", "hyperpod-" + ID1)]
     op, body = sagemaker.calls[0]
     assert op == "BatchRebootClusterNodes" and set(body) <= _members(model, "BatchRebootClusterNodesRequest")
     summaries = sm.list_cluster_nodes(ClusterName="ml-cluster")["ClusterNodeSummaries"]
@@ -310,7 +374,7 @@ def test_batch_replace_through_boto3(server, agent, hosts, sagemaker):
     hosts.release.set()
     agent.wait_for("hyperpod-" + ID1, "node_created")
     assert server.store.get(NODES.plural, None, "hyperpod-" + ID2) is not None
-    assert hosts.calls == [("replace", "hyperpod-" + ID1)]
+    assert hosts.calls == [("power_off", "hyperpod-" + ID1), ("replace", "hyperpod-" + ID1)]
 
 
 def test_boto3_errors(sagemaker):

@@ -318,11 +318,19 @@ def test_a_drain_of_a_node_with_no_object_is_a_clear_error(budgeted):
 
 # -- HyperPod ----------------------------------------------------------------------------------------
 class FakeHosts(Hosts):
-    """A reboot comes back with a new boot id in the node's status; a replacement is a new instance."""
+    """The pods here have no processes: a power-off only records the call (and which pods were
+    still there).  A reboot comes back with a new boot id in the node's status; a replacement is
+    a new instance."""
 
     def __init__(self, server: ApiServer):
         self.server = server
         self.calls: list[tuple[str, str]] = []
+        self.pods_at_power_off: list[str] = []
+
+    def power_off(self, node_name: str) -> None:
+        self.calls.append(("power_off", node_name))
+        self.pods_at_power_off = [p["metadata"]["name"] for p in self.server.store.list(PODS.plural)[0]
+                                  if p["spec"].get("nodeName") == node_name]
 
     def reboot(self, node_name: str) -> dict:
         self.calls.append(("reboot", node_name))
@@ -371,7 +379,8 @@ def test_hyperpod_reboot_waits_for_the_node_back_with_a_new_boot_id(hyperpod, vi
     fault.after_detect(ctx, inj)
     ev = inj.evidence
     assert (ev["node"], ev["node_after"], ev["boot_id_before"], ev["boot_id_after"]) == (name, name, "boot-1", "boot-2")
-    assert ev["pods_before"] == ["default/w1"] and ev["pods_after"] == [] and hosts.calls == [("reboot", name)]
+    assert ev["pods_before"] == ["default/w1"] and ev["pods_after"] == []
+    assert hosts.calls == [("power_off", name), ("reboot", name)] and hosts.pods_at_power_off == ["w1"]
     assert server.store.get(NODES.plural, None, name)["metadata"]["labels"][HEALTH_LABEL] == SCHEDULABLE
     assert fault.revert(ctx, inj) is False, "the agent restored the label itself"
     assert node_state(server, name) == (False, None), "the sweep mark is gone"
@@ -388,7 +397,8 @@ def test_hyperpod_replace_waits_for_a_new_node_object(hyperpod, via):
     fault.after_detect(ctx, inj)
     ev = inj.evidence
     assert (ev["new_node"], ev["new_instance_id"]) == ("hyperpod-" + ID2, ID2)
-    assert server.store.get(NODES.plural, None, name) is None and hosts.calls == [("replace", name)]
+    assert server.store.get(NODES.plural, None, name) is None
+    assert hosts.calls == [("power_off", name), ("replace", name)] and hosts.pods_at_power_off == ["w1"]
     assert [c[0] for c in endpoint.calls] == (["BatchReplaceClusterNodes"] if via == "boto3" else [])
     assert fault.revert(ctx, inj) is False
 

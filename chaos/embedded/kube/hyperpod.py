@@ -9,20 +9,26 @@ does the same against any API server, through the official ``kubernetes`` client
 
 * It watches nodes (list, then watch from the list's resourceVersion with bookmarks; a
   dropped stream is re-watched from the last version seen; a 410 Expired re-lists).
-* Reboot: cordon (``spec.unschedulable`` + a NoSchedule taint), force-delete (grace 0)
-  every pod bound to the node — every pod on it dies at once —, mark the node NotReady,
-  ``Hosts.reboot(node)`` (blocks until the host is back), then label ``Schedulable``,
-  Ready, taint removed, uncordoned.
-* Replace: cordon, force-delete the pods, delete the Node object, ``Hosts.replace(node)``
-  (blocks until the new host is up), create a Node for the new host (new name and uid,
-  ``Schedulable``, Ready).
+* Reboot: cordon (``spec.unschedulable`` + a NoSchedule taint), ``Hosts.power_off(node)`` — the
+  host goes down and every process on it, every pod's container included, dies at once —, mark
+  the node NotReady, force-delete (grace 0) every pod bound to the node (its kubelet has no
+  process left to signal), ``Hosts.reboot(node)`` (blocks until the host is up in a new boot),
+  then label ``Schedulable``, Ready, taint removed, uncordoned.
+* Replace: cordon, power off, NotReady, force-delete the pods, delete the Node object,
+  ``Hosts.replace(node)`` (removes the old host, blocks until a new one is up), create a Node
+  for the new host (new name and uid, ``Schedulable``, Ready).
 
-What HyperPod really does to pods (evict, delete or leave them to the NotReady taint) and
-which taint it sets were not found (notes §9): the force delete and the standard
+What HyperPod really does to pods (evict, delete or leave them to the NotReady taint), in which
+order it takes the host down, and which taint it sets were not found (notes §9): powering the
+host off before deleting the pods, the force delete and the standard
 ``node.kubernetes.io/unschedulable:NoSchedule`` taint (the one Kubernetes' node lifecycle
-controller puts on a cordoned node) are this emulator's choices.  Every step is recorded
-with its time (``history(node)``).  Kubernetes Events are not emitted: the emulated API
-server does not store ``events``.
+controller puts on a cordoned node) are this emulator's choices.  The host goes first so that
+every pod dies at once: a pod deleted first is SIGTERMed by its kubelet and SIGKILLed only after
+the 2 s minimum grace, and ``ray start --block`` drains its node as PREEMPTION on SIGTERM, so Ray
+Train could charge the loss to ``max_preemption_failures`` instead of ``max_failures``.  A real
+reboot is an OS shutdown, which may SIGTERM the containers before the power goes, so that race
+may well be real on HyperPod.  Every step is recorded with its time (``history(node)``).
+Kubernetes Events are not emitted: the emulated API server does not store ``events``.
 """
 
 from __future__ import annotations
@@ -72,19 +78,25 @@ class HostInfo:
 
 
 class Hosts(abc.ABC):
-    """Host control: the embedded cluster power-cycles test hosts (a new boot id); tests use a fake.
+    """Host control: the embedded cluster powers test hosts off and on (a new boot id); tests use a fake.
 
-    Both calls block until the host is back (or raise); the agent calls them on its own
-    recovery thread, one per node.
+    A recovery calls ``power_off``, then (the node's pods deleted) ``reboot`` or ``replace``.
+    Each call blocks until done (or raises); the agent makes them on its own recovery thread,
+    one per node.
     """
 
     @abc.abstractmethod
+    def power_off(self, node_name: str) -> None:
+        """The node's host goes down now; return once every process on it is dead."""
+
+    @abc.abstractmethod
     def reboot(self, node_name: str) -> dict[str, Any] | None:
-        """Reboot the node's host; return once it is back (optional facts, e.g. its new boot id)."""
+        """Boot the node's host (powered off) again; return once it is up in a new boot (optional
+        facts, e.g. its new boot id)."""
 
     @abc.abstractmethod
     def replace(self, node_name: str) -> HostInfo:
-        """Terminate the node's host and bring up a new one; return it once it is up."""
+        """Terminate the node's (powered-off) host and bring up a new one; return it once it is up."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +112,10 @@ class Transition:
 
 
 # The steps, in order.  A failed recovery ends with "failed" (detail: error) instead.
-REBOOT_STEPS = ("requested", "cordoned", "pods_killed", "not_ready", "host_rebooting", "host_back", "schedulable")
-REPLACE_STEPS = ("requested", "cordoned", "pods_killed", "node_deleted", "host_replacing", "host_replaced",
-                 "node_created")
+REBOOT_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed", "host_rebooting", "host_back",
+                "schedulable")
+REPLACE_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed", "node_deleted", "host_replacing",
+                 "host_replaced", "node_created")
 
 
 def instance_id_of(node: dict) -> str | None:
@@ -338,6 +351,14 @@ class HyperPodAgent:
         try:
             self._cordon(name)
             self._record(name, action, "cordoned", taint=UNSCHEDULABLE_TAINT["key"])
+            # The host first, then the pods: its processes all die at once (SIGKILL), so the
+            # kubelet has none left to SIGTERM (see the module docstring).
+            self.hosts.power_off(name)
+            self._record(name, action, "host_down")
+            # No kubelet heartbeats here to go stale: the agent says what a kubelet would.
+            self._set_ready(name, False, "NodeRebooting" if action == REBOOT else "NodeReplacing",
+                            f"HyperPod-like agent: host powered off for {action}")
+            self._record(name, action, "not_ready")
             self._record(name, action, "pods_killed", pods=self._kill_pods(name))
             if action == REBOOT:
                 self._reboot(name)
@@ -376,7 +397,7 @@ class HyperPodAgent:
         self._update_node(name, cordon)
 
     def _kill_pods(self, name: str) -> list[str]:
-        """Force-delete (grace 0) every pod bound to the node, all before waiting on any."""
+        """Force-delete (grace 0) every pod bound to the (powered-off) node, all before waiting on any."""
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
         killed = []
         for pod in pods:
@@ -395,9 +416,6 @@ class HyperPodAgent:
         self.core.patch_node_status(name, {"status": {"conditions": [condition]}})
 
     def _reboot(self, name: str) -> None:
-        # No kubelet heartbeats here to go stale: the agent says what a kubelet would.
-        self._set_ready(name, False, "NodeRebooting", "HyperPod-like agent: host reboot in progress")
-        self._record(name, REBOOT, "not_ready")
         self._record(name, REBOOT, "host_rebooting")
         facts = self.hosts.reboot(name) or {}
         self._record(name, REBOOT, "host_back", **facts)

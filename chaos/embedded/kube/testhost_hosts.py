@@ -1,5 +1,6 @@
-"""The HyperPod agent's ``Hosts`` on test hosts: a reboot power-cycles the node's host, a replace
-terminates it and boots a new one.
+"""The HyperPod agent's ``Hosts`` on test hosts: the agent powers the node's host off (its init is
+SIGKILLed, so the kernel kills every process in it at once, pods included), deletes the pods, then
+a reboot boots the same host again and a replace removes it and boots a new one.
 
 The evidence of a reboot is a new boot id (``/proc/sys/kernel/random/boot_id`` inside the host,
 ``status.nodeInfo.bootID`` on the Node, which the kubelet keeps true to the host).  A replacement
@@ -26,7 +27,8 @@ def new_instance_id() -> str:
 
 class TestHostHosts(Hosts):
     """``HyperPodAgent(api, TestHostHosts(network, kubelet))``: the nodes are ``kubelet``'s, their
-    hosts on ``network``.  Both calls block until the (new) host is up."""
+    hosts on ``network``.  ``power_off`` blocks until the host's boot has ended, ``reboot`` and
+    ``replace`` until the (new) host is up."""
 
     __test__ = False  # not a pytest test class despite the name
 
@@ -41,15 +43,26 @@ class TestHostHosts(Hosts):
             raise ClusterError(f"node {node_name}: {err.args[0]}") from err
         if not isinstance(machine, HostMachine):
             raise ClusterError(f"node {node_name} runs on {machine.hostname}, not on a test host: it cannot be "
-                               f"rebooted or replaced")
+                               f"powered off, rebooted or replaced")
         return machine.host
 
+    def power_off(self, node_name: str) -> None:
+        """Cut the host's power and keep it off.  Returns once its boot has ended, which is once every
+        process in its PID namespace is gone: the namespace's init is reaped only after all of them."""
+        host = self._host(node_name)
+        try:
+            host.power_off()
+        except ClusterError as err:  # WaitTimeout included
+            raise ClusterError(f"node {node_name}: power-off of host {host.name} failed: {err}") from err
+
     def reboot(self, node_name: str) -> dict[str, Any]:
-        """Power-cycle the node's host; return ``{"bootID": ...}`` once it is up in a new boot."""
+        """Boot the node's host again (a reboot is a power cycle: the power-off is a no-op when
+        ``power_off`` has run); return ``{"bootID": ...}`` once it is up in a new boot."""
         host = self._host(node_name)
         before, boot = host.boot_id, host.boot_count
         try:
-            host.power_cycle()
+            host.power_off()
+            host.boot(wait=False)
             host.wait_up(after_boot=boot, timeout=self.boot_timeout)
         except ClusterError as err:  # WaitTimeout included
             raise ClusterError(f"node {node_name}: reboot of host {host.name} failed: {err}") from err
@@ -58,12 +71,12 @@ class TestHostHosts(Hosts):
         return {"bootID": host.boot_id}
 
     def replace(self, node_name: str) -> HostInfo:
-        """Power off and remove the node's host, boot a new one and give it to the kubelet."""
+        """Remove the node's host (powered off already, or now), boot a new one and give it to the kubelet."""
         old = self._host(node_name)
         instance_id = new_instance_id()
         new_name = f"hyperpod-{instance_id}"
         try:
-            self.network.remove_host(old.name)  # the instance is terminated: everything on it dies
+            self.network.remove_host(old.name)  # the instance is terminated
             self.kubelet.remove_node(node_name)
             host = self.network.add_host(new_name)
             host.boot(wait=True, timeout=self.boot_timeout)
