@@ -560,3 +560,46 @@ def pytest_sessionfinish(session, exitstatus):
 
         write_categories(results)
         write_executor(results)
+
+
+# -- head loss -------------------------------------------------------------------------
+@pytest.fixture
+def chaos_head_loss(chaos_clusters, request):
+    """``chaos_head_loss(gcs_ft=..., spec=...)``: a ``HeadLossExperiment`` on an embedded cluster
+    of its own (a head fault ends every driver of the cluster, so the session's cluster is
+    closed first and this one is never a driver's).  Refused on a profile's cluster: the
+    head is only faulted where the harness runs it."""
+    from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
+    from chaos.head_loss import HeadLossExperiment
+
+    config = request.config
+    profile = config.stash.get(_PROFILE, None)
+    if profile is not None:
+        if not profile.safety.allow_head:
+            pytest.fail(f"head faults refused: profile {profile.name} does not allow the head "
+                        "(safety.allow_head: false)", pytrace=False)
+        pytest.skip(f"head faults run on the embedded cluster only; profile {profile.name}'s cluster is not "
+                    "restarted by the harness")
+    chaos_clusters.close()
+    out = Path(config.getoption("chaos_reports")).resolve()
+    name = request.node.name
+    reporter = live_reporter(config)
+    closers = contextlib.ExitStack()  # LIFO, and every one runs even if one fails
+
+    def start(*, gcs_ft: bool, spec, workers: int = 2, gcs_reconnect_timeout_s: float = 60.0):
+        slot = _slot(config, 1)
+        cfg = EmbeddedConfig(workers=workers, hosts="plain", gcs_ft=gcs_ft, slot=slot,
+                             gcs_reconnect_timeout_s=gcs_reconnect_timeout_s,
+                             recovery_delay_s=config.getoption("chaos_recovery_delay"),
+                             base_dir=out / "embedded" / f"head-loss-{name}")
+        reporter.say(f"starting an embedded cluster for head faults: 1 head + {workers} workers on loopback, "
+                     f"GCS fault tolerance {'on (external Redis)' if gcs_ft else 'off'}")
+        cluster = EmbeddedCluster(cfg).up()
+        closers.callback(cluster.down)
+        exp = HeadLossExperiment(cluster, spec, out / "runs" / name, reporter=reporter,
+                                 unverifiable=config.getoption("chaos_unverifiable"))
+        closers.callback(exp.close)
+        return exp
+
+    with closers:  # the experiment (stops its jobs), then its cluster
+        yield start

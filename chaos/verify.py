@@ -236,6 +236,46 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
     return verdicts
 
 
+def resumed_after_resubmission(timeline: Timeline, lost_run: str, new_run: str) -> list[Verdict]:
+    """Did the run resubmitted after its driver was lost resume from the lost run's latest
+    checkpoint?  The same rule as a restart, with the new run's attempts numbered after the
+    lost run's (a resubmission is one more attempt of the same training, to whoever waits on it)."""
+    by_id = dict(runs(timeline))
+    if lost_run not in by_id or new_run not in by_id:
+        return [Verdict("resumed-from-latest (after resubmission)", "unverifiable",
+                        f"unverifiable: no recorder events of run {lost_run if lost_run not in by_id else new_run}",
+                        "unverifiable: run not recorded", {"runs": list(by_id)})]
+    lost = by_id[lost_run]
+    offset = max((e.attempt for e in lost if e.attempt is not None), default=0) + 1
+    renumbered = [e if e.attempt is None else dataclasses.replace(e, data={**e.data, "attempt": e.attempt + offset})
+                  for e in by_id[new_run]]
+    merged = lost + [e for e in renumbered if e.kind in ("attempt_started", "report")]
+    verdicts = _resumes_of_run(timeline, lost_run, merged, "resubmission, ")
+    if not verdicts:
+        return [Verdict("resumed-from-latest (after resubmission)", "unverifiable",
+                        "unverifiable: the resubmitted run never started an attempt",
+                        "unverifiable: no attempt after resubmission", {"new_run": new_run})]
+    for v in verdicts:
+        v.evidence.update(lost_run=lost_run, new_run=new_run, attempt_offset=offset)
+    return verdicts
+
+
+def head_loss_outcome(loss: Any, expected: str) -> Verdict:
+    """The run's fate after a head fault (chaos.head_loss.HeadLoss) against what the suite
+    measured the pinned Ray to do."""
+    evidence = loss.to_json()
+    name = f"head-loss ({loss.fault}, GCS fault tolerance {'on' if loss.gcs_ft else 'off'})"
+    if loss.outcome is None:
+        return Verdict(name, "unverifiable", f"unverifiable: {loss.diagnosis}", "unverifiable: no outcome", evidence)
+    times = (f"head down {_s(loss.head_down_s)} and back {_s(loss.head_up_s)} after the fault"
+             if loss.head_up_s is not None else "head did not come back")
+    if loss.outcome != expected:
+        return Verdict(name, "fail", f"expected {expected}, got {loss.outcome}: {loss.diagnosis} ({times})",
+                       f"head loss: {loss.outcome}", evidence)
+    status = "expected" if loss.outcome == "cluster-lost" else "pass"
+    return Verdict(name, status, f"{loss.diagnosis} ({times})", loss.diagnosis.split(":")[0], evidence)
+
+
 def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Event | None, agreed: bool,
              evidence: dict) -> Verdict:
     failed = sorted((j for j in judged if j.status == "fail"), key=lambda j: (_SEVERITY.index(j.diagnosis)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the harness and its tests need: sshd and iproute2/iptables for test
-# hosts, chromium for the report's browser test.  Idempotent; needs root (CI runs as root).
+# hosts, redis-server for the embedded cluster's GCS fault tolerance (head-loss suites),
+# chromium for the report's browser test.  Idempotent; needs root (CI runs as root).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then

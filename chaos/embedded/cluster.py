@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -37,6 +38,7 @@ from chaos.errors import ClusterError, WaitTimeout
 from chaos.procs import TrackedProcess
 
 if TYPE_CHECKING:
+    from chaos.embedded.redis import RedisServer
     from chaos.embedded.testhost import TestHost
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,16 @@ class EmbeddedConfig:
     #: (a preemption's notice).  Ray's default is 30 s; KubeRay users set it just under the
     #: pod's grace period.  Shorter here so preemption suites do not wait out 30 s each.
     drain_window_s: float = 10.0
+    #: GCS fault tolerance: the GCS keeps its tables in a real external Redis (started and
+    #: stopped by the cluster, 127.0.0.1 only), so a restarted head reloads them and the
+    #: surviving nodes reconnect.  Off (Ray's default): a lost GCS is a lost cluster.
+    gcs_ft: bool = False
+    #: RAY_gcs_rpc_server_reconnect_timeout_s of every node: how long raylets, workers and
+    #: drivers wait for a lost GCS before they exit (Ray's default 60 s).
+    gcs_reconnect_timeout_s: float = 60.0
+    #: a head that exits is started again on the same address and ports after
+    #: ``recovery_delay_s``, as Kubernetes restarts a head container (or a VM boots again).
+    head_recovery: bool = True
 
     def __post_init__(self):
         if self.workers < 1:
@@ -99,6 +111,8 @@ class EmbeddedConfig:
             raise ValueError(f"hosts={self.hosts!r}: expected 'plain' or 'namespaces'")
         if self.recovery_delay_s < 0:
             raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
+        if self.gcs_reconnect_timeout_s <= 0:
+            raise ValueError(f"gcs_reconnect_timeout_s must be > 0, got {self.gcs_reconnect_timeout_s}")
         if self.slot is not None and not 0 <= self.slot < SLOTS:
             raise ValueError(f"slot={self.slot}: expected 0-{SLOTS - 1} (one per concurrent embedded cluster)")
 
@@ -429,6 +443,10 @@ class EmbeddedCluster:
         self.gcs_port = 0
         self.dashboard_port = 0
         self.network = None
+        self.redis: "RedisServer | None" = None
+        #: the head's life: {"t", "event": up|down|killed, ...}, oldest first (head faults' evidence)
+        self.head_history: list[dict] = []
+        self.head_boots = 0
         self._claim: SlotClaim | None = None
         self.hosts = [WorkerHost(name=f"worker-{i + 1}") for i in range(self.config.workers)]
         self._place_on_loopback()
@@ -438,6 +456,7 @@ class EmbeddedCluster:
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
+        self._head_supervisor: threading.Thread | None = None
         # Short on purpose: Ray puts unix sockets under it (108-byte path limit).
         self.temp_dir = Path(f"/tmp/rc-{os.getpid()}")
 
@@ -459,6 +478,7 @@ class EmbeddedCluster:
         env.update(self.config.health.env())
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = str(self.config.drain_window_s)
+        env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(self.config.gcs_reconnect_timeout_s))
         # Ray must only ever talk on loopback; keep proxies out of the picture.
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
             env.pop(k, None)
@@ -487,6 +507,11 @@ class EmbeddedCluster:
         try:
             if self.config.hosts == "namespaces":
                 self._create_testhosts()
+            if self.config.gcs_ft:
+                from chaos.embedded.redis import RedisServer
+
+                self.redis = RedisServer(free_port(self.config.ports()), self.temp_dir / "redis",
+                                         self.log_dir / "redis.log").start()
             self._start_head()
             for host in self.hosts:
                 self._boot(host)
@@ -496,6 +521,8 @@ class EmbeddedCluster:
             raise
         self._supervisor = threading.Thread(target=self._supervise, name="embedded-supervisor", daemon=True)
         self._supervisor.start()
+        self._head_supervisor = threading.Thread(target=self._supervise_head, name="embedded-head", daemon=True)
+        self._head_supervisor.start()
         return self
 
     def _create_testhosts(self) -> None:
@@ -511,20 +538,31 @@ class EmbeddedCluster:
             host.ip = host.testhost.address
 
     def _start_head(self) -> None:
+        """Start the head (again: on the same address and ports) and wait for its dashboard."""
         ports = self.config.ports()
-        self.gcs_port = free_port(ports)
-        self.dashboard_port = free_port(ports)
+        if not self.gcs_port:
+            self.gcs_port, self.dashboard_port, self._client_port = free_port(ports), free_port(ports), free_port(ports)
+        env = self._env()
+        # A restarted head container starts with an empty /tmp/ray.  Left in place, the address
+        # file makes `ray start` refuse the address while this machine runs processes that name
+        # it (the other nodes' raylets and workers, here on the same machine).
+        (self.temp_dir / "head" / "ray_current_cluster").unlink(missing_ok=True)
+        if self.redis is not None:
+            env["RAY_REDIS_ADDRESS"] = self.redis.address
+            # One cluster's tables in Redis; a restarted head finds them under the same namespace.
+            env["RAY_external_storage_namespace"] = f"chaos-{self.temp_dir.name}"
         argv = [
             _ray_bin(), "start", "--head", "--block",
             f"--node-ip-address={self.head_ip}", f"--port={self.gcs_port}",
             "--num-cpus=0", "--num-gpus=0",
             "--include-dashboard=true", f"--dashboard-host={self.head_ip}", f"--dashboard-port={self.dashboard_port}",
-            f"--ray-client-server-port={free_port(ports)}",
+            f"--ray-client-server-port={self._client_port}",
             f"--object-store-memory={self.config.object_store_mb * 1024 * 1024}",
             f"--temp-dir={self.temp_dir / 'head'}",
             *_node_ports_args(ports),
         ]
-        self.head = TrackedProcess(argv, self.log_dir / "head.log", env=self._env(), name="ray-head")
+        self.head_boots += 1
+        self.head = TrackedProcess(argv, self.log_dir / f"head.boot{self.head_boots}.log", env=env, name="ray-head")
         deadline = time.monotonic() + self.config.start_timeout_s
         last = "no answer yet"
         while time.monotonic() < deadline:
@@ -536,10 +574,12 @@ class EmbeddedCluster:
             try:
                 with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as r:
                     if r.status == 200:
+                        self._head_event("up", pid=self.head.pid, boot=self.head_boots)
                         return
             except OSError as e:
                 last = str(e)
-            self._stop.wait(0.5)
+            if self._stop.wait(0.5):
+                raise ClusterError("the cluster was stopped while its head was starting")
         raise ClusterError(
             f"the Ray head's dashboard at {self.dashboard_url} did not answer within {self.config.start_timeout_s:.0f}s "
             f"(last: {last}); see {self.head.log_path}"
@@ -568,8 +608,9 @@ class EmbeddedCluster:
     def down(self) -> None:
         """Stop every node by PID; idempotent."""
         self._stop.set()
-        if self._supervisor and self._supervisor.is_alive() and self._supervisor is not threading.current_thread():
-            self._supervisor.join(timeout=10)
+        for thread in (self._supervisor, self._head_supervisor):
+            if thread and thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=10)
         errors = []
         for host in self.hosts:
             try:
@@ -586,6 +627,11 @@ class EmbeddedCluster:
         if self.head is not None:
             try:
                 self.head.stop()
+            except RuntimeError as e:
+                errors.append(str(e))
+        if self.redis is not None:
+            try:
+                self.redis.stop()
             except RuntimeError as e:
                 errors.append(str(e))
         self._keep_ray_logs()
@@ -610,6 +656,83 @@ class EmbeddedCluster:
         while not self._stop.wait(0.2):
             for host in self.hosts:
                 host.machine.check(time.monotonic())
+
+    def _supervise_head(self) -> None:
+        """Follow the head; with head recovery on, start one that exited again after the delay."""
+        down_since = None
+        while not self._stop.wait(0.2):
+            if self.head.alive():
+                continue
+            if down_since is None:
+                down_since = time.monotonic()
+                self._head_event("down", pid=self.head.pid, code=self.head.popen.returncode,
+                                 why=_tail_file(self.head.log_path, 3))
+                self.head.stop()  # what `ray start --block` left (job drivers, workers of the head)
+            if self.config.head_recovery and time.monotonic() - down_since >= self.config.recovery_delay_s:
+                try:
+                    self._start_head()
+                except ClusterError as err:
+                    self._head_event("start_failed", error=str(err))
+                    log.error("the head did not come back: %s", err)
+                down_since = None
+
+    def _head_event(self, event: str, **detail) -> None:
+        with self._cond:
+            self.head_history.append({"t": time.time(), "event": event, **detail})
+            self._cond.notify_all()
+
+    # -- head faults (the embedded head is this machine's process tree, not a test host) --
+    def head_processes(self) -> dict[str, int]:
+        """The head's Ray processes by name (gcs_server, raylet, ...): PID."""
+        out = {}
+        for pid in self.head.members() if self.head and self.head.alive() else []:
+            try:
+                out.setdefault(psutil.Process(pid).name(), pid)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    def kill_gcs(self) -> int:
+        """SIGKILL the GCS server; `ray start --block` then stops the rest of the head and exits,
+        as a head container whose GCS crashed does.  Returns the PID killed."""
+        pid = self.head_processes().get("gcs_server")
+        if pid is None:
+            raise ClusterError(f"the head (pid {self.head.pid if self.head else None}) runs no gcs_server now")
+        self._head_event("killed", what="gcs_server", pid=pid)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill_head(self) -> list[int]:
+        """Every process of the head SIGKILLed at once (the head machine lost power); head
+        recovery starts it again after the delay.  Returns the PIDs killed."""
+        if self.head is None or not self.head.alive():
+            raise ClusterError("the head is not running")
+        pids = self.head.members()
+        self._head_event("killed", what="head", pids=pids)
+        self.head.stop(sig=signal.SIGKILL)
+        return pids
+
+    def restart_redis(self) -> int:
+        """SIGKILL the GCS's Redis and start it again on the same port and data (its AOF);
+        returns the PID killed."""
+        if self.redis is None:
+            raise ClusterError("this cluster runs without GCS fault tolerance: there is no Redis to restart")
+        pid = self.redis.kill()
+        self._head_event("killed", what="redis", pid=pid)
+        self.redis.start()
+        self._head_event("redis_up", pid=self.redis.proc.pid)
+        return pid
+
+    def wait_head_up(self, after: int, timeout: float) -> dict:
+        """Wait until the head has come up in a boot numbered above ``after``; return that event."""
+        def up():
+            return next((e for e in self.head_history if e["event"] == "up" and e["boot"] > after), None)
+
+        with self._cond:
+            if not self._cond.wait_for(up, timeout):
+                raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for the head to come up after boot "
+                                  f"{after}; head history: {[e['event'] for e in self.head_history]}")
+            return up()
 
     # -- queries and waits -------------------------------------------------------
     def wait_workers_alive(self, timeout: float) -> None:

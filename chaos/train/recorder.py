@@ -18,6 +18,7 @@ Train run it belongs to (a driver may call ``fit()`` more than once).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ from ray.train.v2._internal.execution.callback import (
 from chaos.train.sink import ENV_SINK, NAMESPACE
 
 ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"  # "auto", or comma-separated metric names tried in order
+ENV_EVENTS_FILE = "RAY_CHAOS_EVENTS_FILE"  # also append every event here (JSON lines; see _emit)
 ENV_STATE_METRIC = "RAY_CHAOS_STATE_METRIC"  # a per-step value a correct restore reproduces (e.g. loss)
 # What ``auto`` tries, in order: Ray's own framework callbacks report "step" (Hugging Face
 # Transformers: TrainerState.global_step through log_history; Lightning: trainer.global_step),
@@ -117,6 +119,7 @@ def step_metric_names(spec: str) -> tuple[str, ...]:
 class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     def __init__(self):
         self._sink_name = os.environ.get(ENV_SINK)
+        self._events_file = os.environ.get(ENV_EVENTS_FILE)
         self._step_metric_spec = os.environ.get(ENV_STEP_METRIC, "auto")
         self._step_names = step_metric_names(self._step_metric_spec)
         self._step_metric: str | None = None  # the first of _step_names a report carried
@@ -138,6 +141,14 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     # -- plumbing ----------------------------------------------------------------
     def _emit(self, kind: str, **data: Any) -> None:
         event = {"t": time.time(), "source": "recorder", "kind": kind, "data": {"run_id": self._run_id, **data}}
+        if self._events_file:
+            # The channel that outlives the head: a head-loss experiment has no Ray driver (its
+            # connection would die with the head) and the controller is on this machine's disk.
+            try:
+                with open(self._events_file, "a") as out:
+                    out.write(json.dumps(event, default=str) + "\n")
+            except OSError as e:
+                logging.getLogger(__name__).warning("ray-chaos recorder could not write %s: %s", self._events_file, e)
         if not self._sink_name:
             return
         try:

@@ -10,10 +10,12 @@ import psutil
 import pytest
 
 from chaos.embedded.cluster import SLOT_LOCKS, EmbeddedCluster, EmbeddedConfig
+from chaos.embedded.redis import ping
 from chaos.errors import ClusterError
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
 from chaos.procs import session_members
 from chaos.transport.local import LocalTransport
+from chaos.waits import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -84,10 +86,45 @@ def test_startup_failure_names_what_failed_and_leaves_nothing(tmp_path, monkeypa
     fake.chmod(0o755)
     monkeypatch.setattr("chaos.embedded.cluster._ray_bin", lambda: str(fake))
     c = EmbeddedCluster(EmbeddedConfig(workers=3, base_dir=tmp_path, start_timeout_s=30))
-    with pytest.raises(ClusterError, match=r"the Ray head exited with code 1 during start-up; see .*head\.log") as err:
+    with pytest.raises(ClusterError, match=r"the Ray head exited with code 1 during start-up; see .*head\.boot1\.log") as err:
         c.up()
     assert "GCS port taken" in str(err.value)
     assert not session_members(c.head.pid)
+
+
+def test_gcs_fault_tolerance_keeps_the_worker_nodes_through_head_restarts(tmp_path):
+    """With Redis behind the GCS, a killed GCS (the head's `ray start` then exits) and a
+    restarted Redis (the GCS exits with it) each bring the head back on the same address,
+    and the worker node keeps its Ray node id; teardown stops Redis too."""
+    c = EmbeddedCluster(EmbeddedConfig(workers=1, gcs_ft=True, recovery_delay_s=0.5, base_dir=tmp_path)).up()
+    try:
+        assert ping(c.redis.port) == "+PONG" and c.redis.port in c.config.ports()
+        worker = c.hosts[0].node_id
+        for fault in (c.kill_gcs, c.restart_redis):
+            boot, address = c.head_boots, c.gcs_address
+            fault()
+            c.wait_head_up(after=boot, timeout=120)
+            assert c.gcs_address == address
+            poll_until(lambda: ({n["node_id"]: n["alive"] for n in c.gcs_nodes()}.get(worker),
+                                f"nodes {c.gcs_nodes()}"), 60, f"worker node {worker[:8]} alive after {fault.__name__}")
+        events = [e["event"] for e in c.head_history]
+        assert events.count("up") == 3 and events.count("down") == 2, events
+        assert c.hosts[0].history == [worker], "the worker node was restarted: it should have reconnected"
+    finally:
+        c.down()
+    assert not c.redis.proc.alive() and not session_members(c.head.pid)
+
+
+def test_head_faults_name_what_is_missing(tmp_path):
+    c = EmbeddedCluster(EmbeddedConfig(workers=1, base_dir=tmp_path))
+    with pytest.raises(ClusterError, match="without GCS fault tolerance: there is no Redis to restart"):
+        c.restart_redis()
+    with pytest.raises(ClusterError, match="the head is not running"):
+        c.kill_head()
+    with pytest.raises(ClusterError, match="runs no gcs_server"):
+        c.kill_gcs()
+    with pytest.raises(ValueError, match="gcs_reconnect_timeout_s must be > 0"):
+        EmbeddedConfig(gcs_reconnect_timeout_s=0)
 
 
 def test_bad_config_is_refused():

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,24 @@ def test_progress_lines_reach_the_terminal_from_xdist_workers(tmp_path):
     lines = done.stderr.splitlines()
     for name in ("a", "b"):
         assert any(line.startswith("[gw") and line.endswith(f"progress of {name}") for line in lines), done.stderr
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("allow_head, said", [
+    ("false", "head faults refused: profile staging-vms does not allow the head (safety.allow_head: false)"),
+    ("true", "head faults run on the embedded cluster only; profile staging-vms's cluster is not restarted"),
+])
+def test_head_faults_on_a_profile_are_refused_or_skipped_before_touching_it(tmp_path, allow_head, said):
+    """The example VM profile (nothing there is reachable from here): refused without
+    safety.allow_head, skipped with it — before any connection is tried."""
+    profile = tmp_path / "vm.yaml"
+    profile.write_text((ROOT / "examples/profiles/vm-ssh.yaml").read_text()
+                       .replace("allow_head: false", f"allow_head: {allow_head}"))
+    p = subprocess.run([sys.executable, "-m", "pytest", "suites/test_head_loss.py", "-m", "chaos", "-rA",
+                        "-k", "without_fault", "--chaos-profile", str(profile), "-p", "no:cacheprovider",
+                        "--chaos-reports", str(tmp_path / "reports")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert said in p.stdout, p.stdout[-3000:]
+    assert p.returncode == (1 if allow_head == "false" else 0), p.stdout[-3000:]

@@ -1,0 +1,97 @@
+"""Head and GCS loss: what the pinned Ray (2.60) does when the head goes, with and without
+GCS fault tolerance (an external Redis), asserted as measured (chaos/head_loss.py).
+
+With fault tolerance the worker nodes keep their Ray node ids, but the job's driver and
+the Train controller ran on the head: the run is lost with its driver, nothing is charged
+to any budget, and a resubmission of the same run (what a RayJob's retry does) resumes
+from the last committed checkpoint.  A Redis restart ends the GCS too.  Without fault
+tolerance the restarted head knows nothing: "cluster lost: no GCS fault tolerance".
+"""
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaos import verify
+from chaos.train.run import reference_spec
+from chaos.verify import Expectation
+
+pytestmark = pytest.mark.chaos
+
+
+def head_loss_run(request, **params):
+    """The reference workload under a run name of its own (resubmissions keep it)."""
+    out = Path(request.config.getoption("chaos_reports")).resolve()
+    defaults = dict(steps=40, checkpoint_every=5, step_time=0.3, num_workers=2, max_failures=1)
+    return reference_spec(f"headloss-{uuid.uuid4().hex[:6]}", str(out / "storage"), **{**defaults, **params})
+
+
+def kept_or_replaced(loss, kept: bool) -> verify.Verdict:
+    """Whether every worker node outlived the head fault with its Ray node id (GCS FT), or
+    none did (a new GCS: they come back as new nodes)."""
+    survived = set(loss.workers_before) & set(loss.workers_after)
+    evidence = {"before": loss.workers_before, "after": loss.workers_after}
+    if kept:
+        ok = survived == set(loss.workers_before) and bool(survived)
+        msg = (f"all {len(survived)} worker nodes kept their Ray node ids through the head's restart" if ok else
+               f"worker nodes lost: {sorted(set(loss.workers_before) - survived)} are no longer alive")
+    else:
+        ok = not survived
+        msg = ("no worker node kept its Ray node id: the new GCS did not know them" if ok else
+               f"worker nodes {sorted(survived)} kept their ids although the GCS lost its tables")
+    return verify.Verdict("worker nodes after head loss", "pass" if ok else "fail", msg,
+                          None if ok else "unexpected worker node fate", evidence)
+
+
+def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, request):
+    """GCS fault tolerance on.  The GCS is killed after the first checkpoint: the head
+    restarts, the worker nodes stay, the run is lost with its driver and charged nothing;
+    resubmitted, it resumes from the latest checkpoint.  Then Redis is restarted under the
+    resubmitted run: the GCS goes down with it, with the same outcome, and the third
+    submission resumes again and finishes."""
+    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request, steps=50))
+    exp.submit()
+    exp.wait_checkpoint(timeout=180)
+    verdicts = []
+    for fault in ("gcs-kill", "redis-restart"):
+        lost_run = exp.run_ids()[-1]
+        loss = exp.inject(fault)
+        verdicts += [verify.head_loss_outcome(loss, "driver-lost"), kept_or_replaced(loss, kept=True)]
+        exp.submit()  # what a RayJob's retry does
+        exp.wait_checkpoint(timeout=180)  # the resubmitted run is going: the next fault hits it
+        verdicts += verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1])
+    exp.wait_finished(timeout=180)
+    verdicts.append(verify.within_budget(exp.timeline, Expectation(charged={})))
+    exp.judge(verdicts)
+
+
+def test_head_reboot_with_fault_tolerance(chaos_head_loss, request):
+    """Every process of the head killed at once (its machine lost power) and started again:
+    with GCS fault tolerance, the same as a GCS crash — the worker nodes stay, the run is
+    lost with its driver, and a resubmission resumes from the latest checkpoint."""
+    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request))
+    exp.submit()
+    exp.wait_checkpoint(timeout=180)
+    lost_run = exp.run_ids()[-1]
+    loss = exp.inject("head-reboot")
+    exp.submit()
+    exp.wait_finished(timeout=180)
+    exp.judge([verify.head_loss_outcome(loss, "driver-lost"), kept_or_replaced(loss, kept=True),
+               *verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1]),
+               verify.within_budget(exp.timeline, Expectation(charged={}))])
+
+
+def test_head_reboot_without_fault_tolerance_is_a_lost_cluster(chaos_head_loss, request):
+    """Ray's default (GCS tables in memory): the head comes back empty.  The harness must say
+    "cluster lost: no GCS fault tolerance" within its deadline, never hang; the worker nodes
+    give up on the old GCS after their reconnect timeout and come back as new nodes."""
+    exp = chaos_head_loss(gcs_ft=False, spec=head_loss_run(request), gcs_reconnect_timeout_s=15)
+    exp.submit()
+    exp.wait_checkpoint(timeout=180)
+    loss = exp.inject("head-reboot", timeout=90)
+    verdict = verify.head_loss_outcome(loss, "cluster-lost")
+    assert verdict.status == "expected" and "cluster lost: no GCS fault tolerance" in verdict.message, verdict.line()
+    replaced = exp.wait_workers_replaced(loss, timeout=90)
+    exp.judge([verdict, kept_or_replaced(replaced, kept=False),
+               verify.within_budget(exp.timeline, Expectation(charged={}))])

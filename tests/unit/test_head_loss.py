@@ -1,0 +1,128 @@
+"""Head loss without a cluster: the resubmission verdict, the outcome verdict, the recorder's
+file channel, head fault names — and the real Redis the GCS fault tolerance runs on."""
+
+import json
+import shutil
+import socket
+
+import pytest
+
+from chaos.embedded.redis import RedisServer, ping, redis_binary
+from chaos.errors import ClusterError
+from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, head_fault
+from chaos.timeline import Timeline
+from chaos.verify import head_loss_outcome, resumed_after_resubmission
+from timelines import Script
+
+
+def resubmitted(first_step_after):
+    """A run lost after checkpoint 10 (steps to 12), resubmitted as a new run starting at ``first_step_after``."""
+    s = Script().start_attempt().steps(1, 12)
+    s.new_run().start_attempt().steps(first_step_after, 20).finish()
+    return s.timeline()
+
+
+def test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes():
+    [v] = resumed_after_resubmission(resubmitted(11), "run1", "run2")
+    assert v.status == "pass", v.line()
+    assert v.evidence["latest_checkpoint_step"] == 10 and v.evidence["first_step_of_attempt"] == 11
+    assert v.evidence["lost_run"] == "run1" and v.evidence["new_run"] == "run2"
+
+
+def test_a_resubmission_that_starts_from_scratch_fails():
+    [v] = resumed_after_resubmission(resubmitted(1), "run1", "run2")
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+
+
+def test_a_resubmission_that_was_never_recorded_is_unverifiable():
+    [v] = resumed_after_resubmission(Script().start_attempt().steps(1, 12).timeline(), "run1", "run2")
+    assert v.status == "unverifiable" and "run2" in v.message
+
+
+def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True):
+    return HeadLoss(fault="gcs-kill", gcs_ft=gcs_ft, outcome=outcome, diagnosis=diagnosis, t_fault=0.0,
+                    head_down_s=0.1, head_up_s=11.0, job_id="j", job_status_after="RUNNING", driver_pid=1,
+                    driver_alive_after=False, workers_before={}, workers_after={}, head_history=[])
+
+
+def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknown_one():
+    assert head_loss_outcome(loss("driver-lost"), "driver-lost").status == "pass"
+    wrong = head_loss_outcome(loss("continued", "the run continued: step 7"), "driver-lost")
+    assert wrong.status == "fail" and "expected driver-lost, got continued" in wrong.message
+    unknown = head_loss_outcome(loss(None, "no outcome within 30 s"), "driver-lost")
+    assert unknown.status == "unverifiable"
+    lost = head_loss_outcome(loss("cluster-lost", "cluster lost: no GCS fault tolerance — ...", gcs_ft=False),
+                             "cluster-lost")
+    assert lost.status == "expected" and lost.diagnosis == "cluster lost"
+    assert set(OUTCOMES) == {"continued", "driver-lost", "cluster-lost"}
+
+
+def test_unknown_head_fault_names_the_known_ones():
+    with pytest.raises(ValueError, match="known: gcs-kill, head-reboot, redis-restart"):
+        head_fault("head-explode")
+
+
+def test_events_file_reads_whole_lines_only(tmp_path):
+    path, tl = tmp_path / "events.jsonl", Timeline()
+    follower = EventsFile(path, tl)
+    follower.read()  # not there yet: nothing, no error
+    event = {"t": 1.0, "source": "recorder", "kind": "report", "data": {"step": 1}}
+    path.write_text(json.dumps(event) + "\n" + json.dumps(event)[:10])
+    follower.read()
+    assert [e.data["step"] for e in tl.of("report")] == [1]
+    with open(path, "a") as f:
+        f.write(json.dumps(event)[10:] + "\n")
+    follower.read()
+    assert len(tl.of("report")) == 2
+
+
+# -- the real Redis ------------------------------------------------------------------
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(port, *words):
+    payload = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(payload.encode())
+        return s.recv(256).decode()
+
+
+@needs_redis
+def test_redis_keeps_the_gcs_tables_across_a_restart(tmp_path):
+    redis = RedisServer(free_port(), tmp_path / "data", tmp_path / "redis.log").start()
+    try:
+        assert ping(redis.port) == "+PONG"
+        assert command(redis.port, "SET", "table", "nodes") == "+OK\r\n"
+        command(redis.port, "CONFIG", "SET", "appendfsync", "always")
+        command(redis.port, "SET", "table", "nodes")  # written with fsync on
+        pid = redis.kill()
+        assert not redis.proc.alive() and "no answer" in ping(redis.port)
+        redis.start()
+        assert redis.proc.pid != pid and redis.starts == 2
+        assert command(redis.port, "GET", "table") == "$5\r\nnodes\r\n"
+    finally:
+        redis.stop()
+    assert not redis.proc.alive()
+
+
+@needs_redis
+def test_redis_that_cannot_start_is_reported_with_its_log(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        redis = RedisServer(taken.getsockname()[1], tmp_path / "data", tmp_path / "redis.log", start_timeout=10)
+        with pytest.raises(ClusterError, match="redis-server on 127.0.0.1:.* exited with code"):
+            redis.start()
+    assert not redis.proc.alive()
+
+
+def test_missing_redis_names_what_to_install(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ClusterError, match="needs redis-server, which is not on PATH"):
+        redis_binary()
