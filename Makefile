@@ -34,7 +34,7 @@ node_modules/.installed: package.json package-lock.json
 JOBS ?= 1
 chaos: setup
 	$(PYTEST) -m chaos suites $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) --alluredir $(ALLURE) \
-	  -p no:cacheprovider -rA $(ARGS) || [ $$? -eq 5 ]
+	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
 
 # The seeded fault campaign (suites/test_campaign.py, marker soak; never part of make chaos):
 # one run of about DURATION seconds through a schedule drawn from --chaos-seed, e.g.
@@ -49,7 +49,8 @@ soak: setup
 # own slot, so they can run side by side); one by default, for the reason JOBS is.
 TEST_JOBS ?= 1
 test: setup
-	$(PYTEST) tests -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider -rfEs $(ARGS)
+	$(PYTEST) tests $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) -p no:cacheprovider -rfEs \
+	  --durations=15 $(ARGS)
 
 report: setup
 	$(PY) -m chaos.allure_site

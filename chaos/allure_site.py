@@ -66,6 +66,7 @@ DIAGNOSES: dict[str, tuple[str, ...]] = {
     "ranks disagree": ("ranks disagree",),
     "state not restored": ("state not restored",),
     "final state differs": ("final state differs",),
+    "head loss: unexpected outcome": ("head loss: expected", "worker nodes after head loss:"),
     "training stalled": ("training stalled",),
     "did not resume": ("did not resume",),
     "unrelated failure": ("unrelated failure",),

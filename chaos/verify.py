@@ -270,10 +270,29 @@ def head_loss_outcome(loss: Any, expected: str) -> Verdict:
     times = (f"head down {_s(loss.head_down_s)} and back {_s(loss.head_up_s)} after the fault"
              if loss.head_up_s is not None else "head did not come back")
     if loss.outcome != expected:
-        return Verdict(name, "fail", f"expected {expected}, got {loss.outcome}: {loss.diagnosis} ({times})",
+        return Verdict(name, "fail", f"head loss: expected {expected}, got {loss.outcome}: {loss.diagnosis} ({times})",
                        f"head loss: {loss.outcome}", evidence)
     status = "expected" if loss.outcome == "cluster-lost" else "pass"
     return Verdict(name, status, f"{loss.diagnosis} ({times})", loss.diagnosis.split(":")[0], evidence)
+
+
+def workers_after_head_loss(loss: Any, kept: bool) -> Verdict:
+    """Every worker node outlived the head fault under its Ray node id (``kept``: GCS fault
+    tolerance), or none did (a new GCS: they came back as new nodes)."""
+    survived = set(loss.workers_before) & set(loss.workers_after)
+    evidence = {"before": loss.workers_before, "after": loss.workers_after, "expected": "kept" if kept else "new ids"}
+    if kept:
+        ok = bool(survived) and survived == set(loss.workers_before)
+        msg = (f"all {len(survived)} worker nodes kept their Ray node ids through the head's restart" if ok else
+               "worker nodes after head loss: lost "
+               f"{sorted(n[:8] for n in set(loss.workers_before) - survived) or 'every node'}, expected all kept")
+    else:
+        ok = not survived and len(loss.workers_after) >= len(loss.workers_before)
+        msg = ("no worker node kept its Ray node id: the new GCS did not know them; all came back as new nodes"
+               if ok else f"worker nodes after head loss: {sorted(n[:8] for n in survived)} kept their ids, "
+                          f"{len(loss.workers_after)} of {len(loss.workers_before)} alive, expected all under new ids")
+    return Verdict("worker nodes after head loss", "pass" if ok else "fail", msg,
+                   None if ok else "unexpected worker node fate", evidence)
 
 
 def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Event | None, agreed: bool,

@@ -27,23 +27,6 @@ def head_loss_run(request, **params):
     return reference_spec(f"headloss-{uuid.uuid4().hex[:6]}", str(out / "storage"), **{**defaults, **params})
 
 
-def kept_or_replaced(loss, kept: bool) -> verify.Verdict:
-    """Whether every worker node outlived the head fault with its Ray node id (GCS FT), or
-    none did (a new GCS: they come back as new nodes)."""
-    survived = set(loss.workers_before) & set(loss.workers_after)
-    evidence = {"before": loss.workers_before, "after": loss.workers_after}
-    if kept:
-        ok = survived == set(loss.workers_before) and bool(survived)
-        msg = (f"all {len(survived)} worker nodes kept their Ray node ids through the head's restart" if ok else
-               f"worker nodes lost: {sorted(set(loss.workers_before) - survived)} are no longer alive")
-    else:
-        ok = not survived
-        msg = ("no worker node kept its Ray node id: the new GCS did not know them" if ok else
-               f"worker nodes {sorted(survived)} kept their ids although the GCS lost its tables")
-    return verify.Verdict("worker nodes after head loss", "pass" if ok else "fail", msg,
-                          None if ok else "unexpected worker node fate", evidence)
-
-
 def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, request):
     """GCS fault tolerance on.  The GCS is killed after the first checkpoint: the head
     restarts, the worker nodes stay, the run is lost with its driver and charged nothing;
@@ -57,7 +40,7 @@ def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, reques
     for fault in ("gcs-kill", "redis-restart"):
         lost_run = exp.run_ids()[-1]
         loss = exp.inject(fault)
-        verdicts += [verify.head_loss_outcome(loss, "driver-lost"), kept_or_replaced(loss, kept=True)]
+        verdicts += [verify.head_loss_outcome(loss, "driver-lost"), verify.workers_after_head_loss(loss, kept=True)]
         exp.submit()  # what a RayJob's retry does
         exp.wait_checkpoint(timeout=180)  # the resubmitted run is going: the next fault hits it
         verdicts += verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1])
@@ -77,7 +60,7 @@ def test_head_reboot_with_fault_tolerance(chaos_head_loss, request):
     loss = exp.inject("head-reboot")
     exp.submit()
     exp.wait_finished(timeout=180)
-    exp.judge([verify.head_loss_outcome(loss, "driver-lost"), kept_or_replaced(loss, kept=True),
+    exp.judge([verify.head_loss_outcome(loss, "driver-lost"), verify.workers_after_head_loss(loss, kept=True),
                *verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1]),
                verify.within_budget(exp.timeline, Expectation(charged={}))])
 
@@ -93,5 +76,5 @@ def test_head_reboot_without_fault_tolerance_is_a_lost_cluster(chaos_head_loss, 
     verdict = verify.head_loss_outcome(loss, "cluster-lost")
     assert verdict.status == "expected" and "cluster lost: no GCS fault tolerance" in verdict.message, verdict.line()
     replaced = exp.wait_workers_replaced(loss, timeout=90)
-    exp.judge([verdict, kept_or_replaced(replaced, kept=False),
+    exp.judge([verdict, verify.workers_after_head_loss(replaced, kept=False),
                verify.within_budget(exp.timeline, Expectation(charged={}))])

@@ -1,6 +1,7 @@
 """Head loss without a cluster: the resubmission verdict, the outcome verdict, the recorder's
 file channel, head fault names — and the real Redis the GCS fault tolerance runs on."""
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -11,7 +12,7 @@ from chaos.embedded.redis import RedisServer, ping, redis_binary
 from chaos.errors import ClusterError
 from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, head_fault
 from chaos.timeline import Timeline
-from chaos.verify import head_loss_outcome, resumed_after_resubmission
+from chaos.verify import head_loss_outcome, resumed_after_resubmission, workers_after_head_loss
 from timelines import Script
 
 
@@ -48,7 +49,7 @@ def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True):
 def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknown_one():
     assert head_loss_outcome(loss("driver-lost"), "driver-lost").status == "pass"
     wrong = head_loss_outcome(loss("continued", "the run continued: step 7"), "driver-lost")
-    assert wrong.status == "fail" and "expected driver-lost, got continued" in wrong.message
+    assert wrong.status == "fail" and wrong.message.startswith("head loss: expected driver-lost, got continued")
     unknown = head_loss_outcome(loss(None, "no outcome within 30 s"), "driver-lost")
     assert unknown.status == "unverifiable"
     lost = head_loss_outcome(loss("cluster-lost", "cluster lost: no GCS fault tolerance — ...", gcs_ft=False),
@@ -126,3 +127,19 @@ def test_missing_redis_names_what_to_install(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ClusterError, match="needs redis-server, which is not on PATH"):
         redis_binary()
+
+
+def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_without():
+    before = {"a" * 56: "127.0.1.2", "b" * 56: "127.0.1.3"}
+    kept = dataclasses.replace(loss("driver-lost"), workers_before=before, workers_after=dict(before))
+    assert workers_after_head_loss(kept, kept=True).status == "pass"
+    assert workers_after_head_loss(kept, kept=False).status == "fail"
+    one_lost = dataclasses.replace(kept, workers_after={"a" * 56: "127.0.1.2", "c" * 56: "127.0.1.3"})
+    v = workers_after_head_loss(one_lost, kept=True)
+    assert v.status == "fail" and v.message.startswith("worker nodes after head loss: lost ['bbbbbbbb']")
+    renewed = dataclasses.replace(kept, workers_after={"c" * 56: "127.0.1.2", "d" * 56: "127.0.1.3"})
+    assert workers_after_head_loss(renewed, kept=False).status == "pass"
+    half_back = dataclasses.replace(kept, workers_after={"c" * 56: "127.0.1.2"})
+    assert workers_after_head_loss(half_back, kept=False).status == "fail"
+    nobody = dataclasses.replace(kept, workers_before={}, workers_after={})
+    assert workers_after_head_loss(nobody, kept=True).status == "fail"  # nothing seen is not "all kept"
