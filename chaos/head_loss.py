@@ -216,7 +216,8 @@ class HeadLossExperiment:
             self.timeline.emit("cluster", "head_back", t=up["t"], boot=up["boot"])
         except WaitTimeout as err:
             log.warning("head fault %s: %s", kind, err)
-        outcome, diagnosis, status = self._judge(job_id, driver_pid, t_fault, head_up_s, settle_s, timeout)
+        outcome, diagnosis, status = self._judge(job_id, driver_pid, t_fault, head_down_s, head_up_s, settle_s,
+                                                 timeout)
         loss = HeadLoss(fault=kind, gcs_ft=self.cluster.redis is not None, outcome=outcome, diagnosis=diagnosis,
                         t_fault=t_fault, head_down_s=head_down_s, head_up_s=head_up_s, job_id=job_id,
                         job_status_after=status, driver_pid=driver_pid,
@@ -228,16 +229,16 @@ class HeadLossExperiment:
         self.reporter.attach_json(f"head loss: {kind}", loss.to_json())
         return loss
 
-    def _judge(self, job_id: str, driver_pid: int | None, t_fault: float, head_up_s: float | None,
-               settle_s: float, timeout: float) -> tuple[str | None, str, str]:
+    def _judge(self, job_id: str, driver_pid: int | None, t_fault: float, head_down_s: float | None,
+               head_up_s: float | None, settle_s: float, timeout: float) -> tuple[str | None, str, str]:
         """(outcome, diagnosis, the Jobs API's status of the job) once the evidence settles."""
         gcs_ft = self.cluster.redis is not None
-        if head_up_s is None:
+        if head_down_s is not None and head_up_s is None:
             why = "the head did not come back" if self.cluster.config.head_recovery else "head recovery is off"
             if not gcs_ft:
                 return "cluster-lost", f"cluster lost: no GCS fault tolerance ({why})", "unreachable"
             return None, f"{why}: nothing could be established about the run", "unreachable"
-        back = t_fault + head_up_s
+        back = t_fault + (head_up_s or 0.0)  # a head that stayed up: reports after the fault count
         deadline = time.monotonic() + max(settle_s, 1.0)
         status = "unknown"
         while True:
@@ -247,8 +248,10 @@ class HeadLossExperiment:
                 return "continued", (f"the run continued: step {reports[0].data.get('step')} reported "
                                      f"{reports[0].t - t_fault:.1f} s after the fault, no new attempt"), status
             if status == "unknown to the head":
-                return "cluster-lost", ("cluster lost: no GCS fault tolerance — the head came back with an empty "
-                                        f"GCS that does not know job {job_id}; the run is gone"), status
+                why = ("no GCS fault tolerance" if not gcs_ft else
+                       "the GCS lost its tables although fault tolerance is on (Redis without them?)")
+                return "cluster-lost", (f"cluster lost: {why} — the head came back with a GCS that does not know "
+                                        f"job {job_id}; the run is gone"), status
             if gcs_ft and driver_pid is not None and not _alive(driver_pid) and time.monotonic() >= deadline:
                 return "driver-lost", (f"run lost with its driver: the job's driver (pid {driver_pid}) and the "
                                        "Train controller ran on the head and died with it; GCS fault tolerance "

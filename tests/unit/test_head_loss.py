@@ -5,12 +5,14 @@ import dataclasses
 import json
 import shutil
 import socket
+import subprocess
+import types
 
 import pytest
 
 from chaos.embedded.redis import RedisServer, ping, redis_binary
 from chaos.errors import ClusterError
-from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, head_fault
+from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, head_fault
 from chaos.timeline import Timeline
 from chaos.verify import head_loss_outcome, resumed_after_resubmission, workers_after_head_loss
 from timelines import Script
@@ -143,3 +145,67 @@ def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_witho
     assert workers_after_head_loss(half_back, kept=False).status == "fail"
     nobody = dataclasses.replace(kept, workers_before={}, workers_after={})
     assert workers_after_head_loss(nobody, kept=True).status == "fail"  # nothing seen is not "all kept"
+
+
+class FakeJobs:
+    """The Jobs API as the judge reads it: a status, or the 404 of a head that forgot the job."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def get_job_status(self, job_id):
+        if self.status is None:
+            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+        return types.SimpleNamespace(value=self.status)
+
+
+def judge(status, *, gcs_ft, reports_after=(), head_down_s=1.0, head_up_s=10.0, driver_alive=False):
+    """HeadLossExperiment._judge on recorded facts (no cluster: the experiment's parts are fakes)."""
+    exp = object.__new__(HeadLossExperiment)
+    exp.cluster = types.SimpleNamespace(redis=object() if gcs_ft else None,
+                                        config=types.SimpleNamespace(head_recovery=True))
+    exp.client, exp.timeline = FakeJobs(status), Timeline()
+    for dt, step in reports_after:
+        exp.timeline.emit("recorder", "report", t=1000.0 + dt, step=step)
+    driver = subprocess.Popen(["sleep", "30"]) if driver_alive else None
+    pid = driver.pid if driver else _dead_pid()
+    try:
+        return exp._judge("job-1", pid, 1000.0, head_down_s, head_up_s, settle_s=0.1, timeout=1.0)
+    finally:
+        if driver:
+            driver.kill()
+            driver.wait()
+
+
+def _dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_judge_reports_after_the_head_came_back_mean_the_run_continued():
+    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, reports_after=[(5.0, 7), (12.0, 8)])
+    assert outcome == "continued" and "step 8 reported 12.0 s after the fault" in diagnosis
+
+
+def test_judge_a_dead_driver_with_fault_tolerance_is_a_lost_driver_whatever_the_jobs_api_says():
+    outcome, diagnosis, status = judge("RUNNING", gcs_ft=True)
+    assert outcome == "driver-lost" and status == "RUNNING" and "the Jobs API says RUNNING" in diagnosis
+
+
+def test_judge_a_head_that_forgot_the_job_is_a_lost_cluster():
+    outcome, diagnosis, _ = judge(None, gcs_ft=False)
+    assert outcome == "cluster-lost" and diagnosis.startswith("cluster lost: no GCS fault tolerance")
+    outcome, diagnosis, _ = judge(None, gcs_ft=True)
+    assert outcome == "cluster-lost" and "although fault tolerance is on" in diagnosis
+
+
+def test_judge_a_head_that_never_came_back():
+    assert judge("RUNNING", gcs_ft=False, head_up_s=None)[0] == "cluster-lost"
+    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, head_up_s=None)
+    assert outcome is None and "the head did not come back" in diagnosis
+
+
+def test_judge_never_guesses_a_live_driver_without_reports():
+    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, driver_alive=True)
+    assert outcome is None and "driver pid" in diagnosis and "alive" in diagnosis
