@@ -10,7 +10,8 @@ What Ray 2.60 does, measured here (README, "Which budget a fault costs"):
 
 * The GCS is one process of the head: when it dies, ``ray start --block`` stops the rest
   of the head and exits, as a head container whose GCS crashed does; the cluster starts
-  the head again (``head_recovery``), on the same address and ports.
+  the head again (``head_recovery``), on the same address and ports — on its test host
+  (``head_host="testhost"``) by rebooting it, so a head reboot shows a new boot id.
 * A Redis restart takes the GCS down with it (the GCS exits when Redis drops; with the
   AOF the restarted Redis still has the tables).
 * With GCS fault tolerance the worker nodes keep their Ray node ids through all of it, but
@@ -114,10 +115,11 @@ class HeadLoss:
     head_up_s: float | None  # fault -> its dashboard answering again
     job_id: str
     job_status_after: str
-    driver_pid: int | None
+    driver_pid: int | None  # on this machine (a test host's PID namespace mapped back)
     driver_alive_after: bool | None
     workers_before: dict[str, str]  # worker node id -> ip
     workers_after: dict[str, str]
+    head_boot_ids: list[str]  # the head test host's boot ids before and after (empty: a local head)
     head_history: list[dict]
 
     def to_json(self) -> dict:
@@ -198,9 +200,11 @@ class HeadLossExperiment:
         fault = head_fault(kind)
         self.reporter.labels(kind, "embedded", "head and GCS loss")
         job_id = self.jobs[-1]
-        driver_pid = self._driver_pid(job_id)
+        driver = self._driver_process(job_id)
         workers_before = self._workers()
         boot = self.cluster.head_boots
+        th = self.cluster.head_testhost
+        boot_ids = [th.boot_id] if th is not None else []
         t_fault = time.time()
         self.timeline.emit("harness", "fault_injected", fault=kind, target="head", job_id=job_id)
         detail = fault(self.cluster)
@@ -213,23 +217,23 @@ class HeadLossExperiment:
             head_down_s = down["t"] - t_fault
             up = self.cluster.wait_head_up(after=boot, timeout=timeout)
             head_up_s = up["t"] - t_fault
+            boot_ids += [up["boot_id"]] if th is not None else []
             self.timeline.emit("cluster", "head_back", t=up["t"], boot=up["boot"])
         except WaitTimeout as err:
             log.warning("head fault %s: %s", kind, err)
-        outcome, diagnosis, status = self._judge(job_id, driver_pid, t_fault, head_down_s, head_up_s, settle_s,
-                                                 timeout)
+        outcome, diagnosis, status = self._judge(job_id, driver, t_fault, head_down_s, head_up_s, settle_s, timeout)
         loss = HeadLoss(fault=kind, gcs_ft=self.cluster.redis is not None, outcome=outcome, diagnosis=diagnosis,
                         t_fault=t_fault, head_down_s=head_down_s, head_up_s=head_up_s, job_id=job_id,
-                        job_status_after=status, driver_pid=driver_pid,
-                        driver_alive_after=None if driver_pid is None else _alive(driver_pid),
-                        workers_before=workers_before, workers_after=self._workers(),
+                        job_status_after=status, driver_pid=driver.pid if driver else None,
+                        driver_alive_after=None if driver is None else _alive(driver),
+                        workers_before=workers_before, workers_after=self._workers(), head_boot_ids=boot_ids,
                         head_history=[e for e in self.cluster.head_history if e["t"] >= t_fault])
         self.timeline.emit("harness", "head_loss", **{k: v for k, v in loss.to_json().items() if k != "head_history"})
         self.reporter.say(f"after {kind}: {loss.outcome or 'no outcome'}: {loss.diagnosis}")
         self.reporter.attach_json(f"head loss: {kind}", loss.to_json())
         return loss
 
-    def _judge(self, job_id: str, driver_pid: int | None, t_fault: float, head_down_s: float | None,
+    def _judge(self, job_id: str, driver: psutil.Process | None, t_fault: float, head_down_s: float | None,
                head_up_s: float | None, settle_s: float, timeout: float) -> tuple[str | None, str, str]:
         """(outcome, diagnosis, the Jobs API's status of the job) once the evidence settles."""
         gcs_ft = self.cluster.redis is not None
@@ -252,13 +256,13 @@ class HeadLossExperiment:
                        "the GCS lost its tables although fault tolerance is on (Redis without them?)")
                 return "cluster-lost", (f"cluster lost: {why} — the head came back with a GCS that does not know "
                                         f"job {job_id}; the run is gone"), status
-            if gcs_ft and driver_pid is not None and not _alive(driver_pid) and time.monotonic() >= deadline:
-                return "driver-lost", (f"run lost with its driver: the job's driver (pid {driver_pid}) and the "
+            if gcs_ft and driver is not None and not _alive(driver) and time.monotonic() >= deadline:
+                return "driver-lost", (f"run lost with its driver: the job's driver (pid {driver.pid}) and the "
                                        "Train controller ran on the head and died with it; GCS fault tolerance "
                                        f"kept the cluster; the Jobs API says {status}"), status
             if time.monotonic() >= deadline + timeout:
                 return None, (f"no outcome within {settle_s + timeout:.0f} s of the head's return: no report, "
-                              f"driver pid {driver_pid} {'alive' if driver_pid and _alive(driver_pid) else 'gone'}, "
+                              f"driver {_describe(driver)}, "
                               f"job {status}"), status
             try:  # the next look: as soon as a report arrives, or in a second
                 self.timeline.wait_for(lambda ev: any(e.kind == "report" and e.t > back for e in ev), 1.0,
@@ -277,7 +281,21 @@ class HeadLossExperiment:
         now = poll_until(replaced, timeout, f"{len(loss.workers_before)} worker nodes to re-join under new node ids")
         return dataclasses.replace(loss, workers_after=now)
 
-    # -- facts over HTTP ---------------------------------------------------------------
+    # -- facts over HTTP and /proc ------------------------------------------------------
+    def _driver_process(self, job_id: str) -> psutil.Process | None:
+        """The job's driver process on this machine.  Ray reports the PID the driver sees: on
+        a test-host head that is a PID in the host's own PID namespace, mapped back here."""
+        pid = self._driver_pid(job_id)
+        th = self.cluster.head_testhost
+        if pid is None:
+            return None
+        here = [pid] if th is None else [p for p in th.namespace_pids() if _namespace_pid(p) == pid]
+        try:
+            return psutil.Process(here[0])
+        except (IndexError, psutil.NoSuchProcess):
+            log.warning("job %s: its driver (pid %s on the head) is not running", job_id, pid)
+            return None
+
     def _driver_pid(self, job_id: str) -> int | None:
         try:
             info = self.client.get_job_info(job_id)
@@ -316,8 +334,25 @@ class HeadLossExperiment:
         self.timeline.dump(self.run_dir / "timeline.json")
 
 
-def _alive(pid: int) -> bool:
+def _alive(proc: psutil.Process) -> bool:
+    """Whether that very process (its PID and start time) still runs."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _describe(proc: psutil.Process | None) -> str:
+    return "unknown (no driver PID from the Jobs API)" if proc is None else \
+        f"pid {proc.pid} {'alive' if _alive(proc) else 'gone'}"
+
+
+def _namespace_pid(pid: int) -> int | None:
+    """A process's PID in its own (innermost) PID namespace, from /proc/<pid>/status."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next((ln for ln in f if ln.startswith("NSpid:")), "")
+    except OSError:
+        return None
+    fields = line.split()[1:]
+    return int(fields[-1]) if fields else None

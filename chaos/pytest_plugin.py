@@ -570,6 +570,7 @@ def chaos_head_loss(chaos_clusters, request):
     closed first and this one is never a driver's).  Refused on a profile's cluster: the
     head is only faulted where the harness runs it."""
     from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
+    from chaos.embedded.testhost import testhosts_supported
     from chaos.head_loss import HeadLossExperiment
 
     config = request.config
@@ -588,11 +589,15 @@ def chaos_head_loss(chaos_clusters, request):
 
     def start(*, gcs_ft: bool, spec, workers: int = 2, gcs_reconnect_timeout_s: float = 60.0):
         slot = _slot(config, 1)
-        cfg = EmbeddedConfig(workers=workers, hosts="plain", gcs_ft=gcs_ft, slot=slot,
+        testhosts, why = testhosts_supported()
+        cfg = EmbeddedConfig(workers=workers, hosts="namespaces" if testhosts else "plain",
+                             head_host="testhost" if testhosts else "local", gcs_ft=gcs_ft, slot=slot,
                              gcs_reconnect_timeout_s=gcs_reconnect_timeout_s,
                              recovery_delay_s=config.getoption("chaos_recovery_delay"),
                              base_dir=out / "embedded" / f"head-loss-{name}")
-        reporter.say(f"starting an embedded cluster for head faults: 1 head + {workers} workers on loopback, "
+        where = ("the head and the workers on test hosts" if testhosts else
+                 f"head and workers as loopback processes (no test hosts: {why}; a head reboot kills its processes)")
+        reporter.say(f"starting an embedded cluster for head faults: 1 head + {workers} workers, {where}; "
                      f"GCS fault tolerance {'on (external Redis)' if gcs_ft else 'off'}")
         cluster = EmbeddedCluster(cfg).up()
         closers.callback(cluster.down)

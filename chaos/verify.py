@@ -269,9 +269,15 @@ def head_loss_outcome(loss: Any, expected: str) -> Verdict:
         return Verdict(name, "unverifiable", f"unverifiable: {loss.diagnosis}", "unverifiable: no outcome", evidence)
     times = (f"head down {_s(loss.head_down_s)} and back {_s(loss.head_up_s)} after the fault"
              if loss.head_up_s is not None else "head did not come back")
+    if len(loss.head_boot_ids) == 2:
+        times += (f", its host rebooted (boot id {loss.head_boot_ids[0][:8]} → {loss.head_boot_ids[1][:8]})"
+                  if loss.head_boot_ids[0] != loss.head_boot_ids[1] else ", its host kept its boot id")
     if loss.outcome != expected:
         return Verdict(name, "fail", f"head loss: expected {expected}, got {loss.outcome}: {loss.diagnosis} ({times})",
                        f"head loss: {loss.outcome}", evidence)
+    if loss.fault == "head-reboot" and len(loss.head_boot_ids) == 2 and len(set(loss.head_boot_ids)) == 1:
+        return Verdict(name, "fail", f"head loss: expected the head's host to reboot, but it kept boot id "
+                       f"{loss.head_boot_ids[0]} ({times})", "head loss: no reboot", evidence)
     status = "expected" if loss.outcome == "cluster-lost" else "pass"
     return Verdict(name, status, f"{loss.diagnosis} ({times})", loss.diagnosis.split(":")[0], evidence)
 

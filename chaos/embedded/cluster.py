@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -99,6 +100,11 @@ class EmbeddedConfig:
     #: a head that exits is started again on the same address and ports after
     #: ``recovery_delay_s``, as Kubernetes restarts a head container (or a VM boots again).
     head_recovery: bool = True
+    #: "local": the head is this machine's `ray start --head` process tree (the harness is a
+    #: Ray driver on its raylet); "testhost" (namespaces mode): the head is a test host of its
+    #: own, so a head reboot is a real power cycle with a new boot id — only for experiments
+    #: that are no Ray driver (head loss): a driver needs a raylet on its own machine.
+    head_host: str = "local"
 
     def __post_init__(self):
         if self.workers < 1:
@@ -111,6 +117,10 @@ class EmbeddedConfig:
             raise ValueError(f"hosts={self.hosts!r}: expected 'plain' or 'namespaces'")
         if self.recovery_delay_s < 0:
             raise ValueError(f"recovery_delay_s must be >= 0, got {self.recovery_delay_s}")
+        if self.head_host not in ("local", "testhost"):
+            raise ValueError(f"head_host={self.head_host!r}: expected 'local' or 'testhost'")
+        if self.head_host == "testhost" and self.hosts != "namespaces":
+            raise ValueError("head_host='testhost' needs hosts='namespaces' (test hosts, root)")
         if self.gcs_reconnect_timeout_s <= 0:
             raise ValueError(f"gcs_reconnect_timeout_s must be > 0, got {self.gcs_reconnect_timeout_s}")
         if self.slot is not None and not 0 <= self.slot < SLOTS:
@@ -439,7 +449,8 @@ class EmbeddedCluster:
     def __init__(self, config: EmbeddedConfig | None = None):
         self.config = config or EmbeddedConfig()
         self.base_dir = Path(self.config.base_dir).resolve()
-        self.head: TrackedProcess | None = None
+        self.head: TrackedProcess | None = None  # the local head
+        self.head_testhost: "TestHost | None" = None  # or the head's test host
         self.gcs_port = 0
         self.dashboard_port = 0
         self.network = None
@@ -510,8 +521,11 @@ class EmbeddedCluster:
             if self.config.gcs_ft:
                 from chaos.embedded.redis import RedisServer
 
+                # On the test-host bridge's own address when the head is a test host (it cannot
+                # reach this machine's loopback), else on loopback.
                 self.redis = RedisServer(free_port(self.config.ports()), self.temp_dir / "redis",
-                                         self.log_dir / "redis.log").start()
+                                         self.log_dir / "redis.log",
+                                         host=self.network.head_address if self.head_testhost else "127.0.0.1").start()
             self._start_head()
             for host in self.hosts:
                 self._boot(host)
@@ -533,6 +547,11 @@ class EmbeddedCluster:
         self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-{os.getpid()}-hosts", bridge=bridge,
                                        subnet=subnet, boot_delay=self.config.recovery_delay_s).up()
         self.head_ip = self.network.head_address
+        if self.config.head_host == "testhost":
+            # Its workload is the head; when `ray start --block` exits (its GCS died) the host
+            # reboots, as Kubernetes restarts a head container.
+            self.head_testhost = self.network.add_host("rc-head", reboot_when_workload_exits=self.config.head_recovery)
+            self.head_ip = self.head_testhost.address
         for host in self.hosts:
             host.machine = TestHostMachine(self, host, self.network.add_host(f"rc-{host.name}"))
             host.ip = host.testhost.address
@@ -562,28 +581,54 @@ class EmbeddedCluster:
             *_node_ports_args(ports),
         ]
         self.head_boots += 1
-        self.head = TrackedProcess(argv, self.log_dir / f"head.boot{self.head_boots}.log", env=env, name="ray-head")
+        if self.head_testhost is not None:
+            th = self.head_testhost
+            # Every boot of the host runs this (the address file: see above).
+            th.workload = ["sh", "-c", f"rm -f {self.temp_dir / 'head' / 'ray_current_cluster'}; exec "
+                           + " ".join(shlex.quote(a) for a in argv)]
+            th.env = env
+            th.boot(wait=True)
+            log_path = th.workload_log
+        else:
+            self.head = TrackedProcess(argv, self.log_dir / f"head.boot{self.head_boots}.log", env=env,
+                                       name="ray-head")
+            log_path = self.head.log_path
         deadline = time.monotonic() + self.config.start_timeout_s
-        last = "no answer yet"
         while time.monotonic() < deadline:
-            if not self.head.alive():
-                raise ClusterError(
-                    f"the Ray head exited with code {self.head.popen.returncode} during start-up; see {self.head.log_path}:\n"
-                    + _tail_file(self.head.log_path)
-                )
-            try:
-                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as r:
-                    if r.status == 200:
-                        self._head_event("up", pid=self.head.pid, boot=self.head_boots)
-                        return
-            except OSError as e:
-                last = str(e)
+            if not self._head_running():
+                code = f" with code {self.head.popen.returncode}" if self.head is not None else ""
+                raise ClusterError(f"the Ray head exited{code} during start-up; see {log_path}:\n"
+                                   + _tail_file(log_path))
+            if self._head_answers():
+                self._head_event("up", boot=self.head_boots, **self._head_facts())
+                return
             if self._stop.wait(0.5):
                 raise ClusterError("the cluster was stopped while its head was starting")
         raise ClusterError(
-            f"the Ray head's dashboard at {self.dashboard_url} did not answer within {self.config.start_timeout_s:.0f}s "
-            f"(last: {last}); see {self.head.log_path}"
+            f"the Ray head's dashboard at {self.dashboard_url} did not answer within {self.config.start_timeout_s:.0f}s; "
+            f"see {log_path}"
         )
+
+    def _head_running(self) -> bool:
+        """Whether the head's `ray start --block` runs (on its test host: this boot's workload)."""
+        if self.head_testhost is None:
+            return self.head is not None and self.head.alive()
+        pid = self.head_testhost.pids().get("workload") if self.head_testhost.is_up else None
+        return pid is not None and psutil.pid_exists(pid) and not _is_zombie(pid)
+
+    def _head_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _head_facts(self) -> dict:
+        """For the head's history: its PID, or its test host's boot."""
+        if self.head_testhost is not None:
+            th = self.head_testhost
+            return {"host": th.name, "host_boot": th.boot_count, "boot_id": th.boot_id}
+        return {"pid": self.head.pid if self.head else None}
 
     def _boot(self, host: WorkerHost) -> None:
         argv = [
@@ -623,6 +668,11 @@ class EmbeddedCluster:
                 self.network.close()
             except Exception as e:
                 errors.append(f"test hosts: {e}")
+            if self.head_testhost is not None:
+                dest = self.log_dir / "hosts" / self.head_testhost.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for log_file in Path(self.head_testhost.state_dir).glob("*.log"):
+                    shutil.copy2(log_file, dest / log_file.name)
             shutil.rmtree(self.network.state_dir, ignore_errors=True)  # it holds the SSH private key
         if self.head is not None:
             try:
@@ -658,7 +708,10 @@ class EmbeddedCluster:
                 host.machine.check(time.monotonic())
 
     def _supervise_head(self) -> None:
-        """Follow the head; with head recovery on, start one that exited again after the delay."""
+        """Follow the head; with head recovery on, start one that exited again after the delay
+        (a test host does that itself: it reboots when its workload exits)."""
+        if self.head_testhost is not None:
+            return self._follow_head_testhost()
         down_since = None
         while not self._stop.wait(0.2):
             if self.head.alive():
@@ -676,16 +729,35 @@ class EmbeddedCluster:
                     log.error("the head did not come back: %s", err)
                 down_since = None
 
+    def _follow_head_testhost(self) -> None:
+        """Record the head test host's downs and ups (a boot counts as up once its dashboard answers)."""
+        th, down = self.head_testhost, False
+        up_boot = th.boot_count  # up() saw this boot answer
+        while not self._stop.wait(0.2):
+            running = self._head_running()
+            if not running and not down:
+                down = True
+                self._head_event("down", host=th.name, host_boot=th.boot_count, state=th.state.value,
+                                 why=_tail_file(th.workload_log, 3))
+            elif running and down and th.boot_count != up_boot and self._head_answers():
+                down, up_boot = False, th.boot_count
+                self.head_boots += 1
+                self._head_event("up", boot=self.head_boots, **self._head_facts())
+
     def _head_event(self, event: str, **detail) -> None:
         with self._cond:
             self.head_history.append({"t": time.time(), "event": event, **detail})
             self._cond.notify_all()
 
-    # -- head faults (the embedded head is this machine's process tree, not a test host) --
+    # -- head faults ---------------------------------------------------------------
     def head_processes(self) -> dict[str, int]:
         """The head's Ray processes by name (gcs_server, raylet, ...): PID."""
         out = {}
-        for pid in self.head.members() if self.head and self.head.alive() else []:
+        if self.head_testhost is not None:
+            pids = self.head_testhost.namespace_pids() if self._head_running() else []
+        else:
+            pids = self.head.members() if self.head and self.head.alive() else []
+        for pid in pids:
             try:
                 out.setdefault(psutil.Process(pid).name(), pid)
             except psutil.NoSuchProcess:
@@ -697,16 +769,23 @@ class EmbeddedCluster:
         as a head container whose GCS crashed does.  Returns the PID killed."""
         pid = self.head_processes().get("gcs_server")
         if pid is None:
-            raise ClusterError(f"the head (pid {self.head.pid if self.head else None}) runs no gcs_server now")
+            raise ClusterError(f"the head ({self._head_facts()}) runs no gcs_server now")
         self._head_event("killed", what="gcs_server", pid=pid)
         os.kill(pid, signal.SIGKILL)
         return pid
 
     def kill_head(self) -> list[int]:
-        """Every process of the head SIGKILLed at once (the head machine lost power); head
-        recovery starts it again after the delay.  Returns the PIDs killed."""
-        if self.head is None or not self.head.alive():
+        """Every process of the head killed at once: its test host power-cycled (a new boot id),
+        or the local head's process tree SIGKILLed; head recovery brings it back after the
+        delay.  Returns the PIDs killed."""
+        if not self._head_running():
             raise ClusterError("the head is not running")
+        if self.head_testhost is not None:
+            th = self.head_testhost
+            pids = th.namespace_pids()
+            self._head_event("killed", what="head host", pids=pids, boot_id=th.boot_id)
+            th.power_cycle() if self.config.head_recovery else th.power_off()
+            return pids
         pids = self.head.members()
         self._head_event("killed", what="head", pids=pids)
         self.head.stop(sig=signal.SIGKILL)
@@ -789,6 +868,7 @@ class EmbeddedCluster:
             "gcs_address": self.gcs_address,
             "dashboard_url": self.dashboard_url,
             "head_pid": self.head.pid if self.head else None,
+            "head_host": self.head_testhost.name if self.head_testhost else None,
             "bridge": self.network.bridge.name if self.network else None,
             "node_recovery": self.config.node_recovery,
             "recovery_delay_s": self.config.recovery_delay_s,

@@ -11,6 +11,7 @@ import pytest
 
 from chaos.embedded.cluster import SLOT_LOCKS, EmbeddedCluster, EmbeddedConfig
 from chaos.embedded.redis import ping
+from chaos.embedded.testhost import testhosts_supported
 from chaos.errors import ClusterError
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
 from chaos.procs import session_members
@@ -92,27 +93,37 @@ def test_startup_failure_names_what_failed_and_leaves_nothing(tmp_path, monkeypa
     assert not session_members(c.head.pid)
 
 
-def test_gcs_fault_tolerance_keeps_the_worker_nodes_through_head_restarts(tmp_path):
-    """With Redis behind the GCS, a killed GCS (the head's `ray start` then exits) and a
-    restarted Redis (the GCS exits with it) each bring the head back on the same address,
-    and the worker node keeps its Ray node id; teardown stops Redis too."""
-    c = EmbeddedCluster(EmbeddedConfig(workers=1, gcs_ft=True, recovery_delay_s=0.5, base_dir=tmp_path)).up()
+@pytest.mark.parametrize("head_host", ["local", "testhost"])
+def test_gcs_fault_tolerance_keeps_the_worker_nodes_through_head_restarts(tmp_path, head_host):
+    """With Redis behind the GCS, a killed GCS (the head's `ray start` then exits), a head
+    reboot and a restarted Redis (the GCS exits with it) each bring the head back on the same
+    address, and the worker node keeps its Ray node id; a test-host head comes back in a new
+    boot each time.  Teardown stops Redis too."""
+    if head_host == "testhost" and not testhosts_supported()[0]:
+        pytest.skip(f"test hosts are not possible here: {testhosts_supported()[1]}")
+    cfg = EmbeddedConfig(workers=1, gcs_ft=True, recovery_delay_s=0.5, base_dir=tmp_path, head_host=head_host,
+                         hosts="namespaces" if head_host == "testhost" else "plain")
+    c = EmbeddedCluster(cfg).up()
     try:
-        assert ping(c.redis.port) == "+PONG" and c.redis.port in c.config.ports()
+        assert ping(c.redis.port, host=c.redis.host) == "+PONG" and c.redis.port in c.config.ports()
         worker = c.hosts[0].node_id
-        for fault in (c.kill_gcs, c.restart_redis):
+        for fault in (c.kill_gcs, c.kill_head, c.restart_redis):
             boot, address = c.head_boots, c.gcs_address
+            before = c.head_testhost.boot_id if c.head_testhost else None
             fault()
-            c.wait_head_up(after=boot, timeout=120)
+            up = c.wait_head_up(after=boot, timeout=120)
             assert c.gcs_address == address
+            if c.head_testhost:
+                assert up["boot_id"] != before and up["host"] == "rc-head", up
             poll_until(lambda: ({n["node_id"]: n["alive"] for n in c.gcs_nodes()}.get(worker),
                                 f"nodes {c.gcs_nodes()}"), 60, f"worker node {worker[:8]} alive after {fault.__name__}")
         events = [e["event"] for e in c.head_history]
-        assert events.count("up") == 3 and events.count("down") == 2, events
+        assert events.count("up") == 4 and events.count("down") == 3, events
         assert c.hosts[0].history == [worker], "the worker node was restarted: it should have reconnected"
     finally:
         c.down()
-    assert not c.redis.proc.alive() and not session_members(c.head.pid)
+    assert not c.redis.proc.alive()
+    assert not (c.head and session_members(c.head.pid))
 
 
 def test_head_faults_name_what_is_missing(tmp_path):
@@ -125,6 +136,8 @@ def test_head_faults_name_what_is_missing(tmp_path):
         c.kill_gcs()
     with pytest.raises(ValueError, match="gcs_reconnect_timeout_s must be > 0"):
         EmbeddedConfig(gcs_reconnect_timeout_s=0)
+    with pytest.raises(ValueError, match="head_host='testhost' needs hosts='namespaces'"):
+        EmbeddedConfig(head_host="testhost")
 
 
 def test_bad_config_is_refused():

@@ -3,16 +3,18 @@ file channel, head fault names — and the real Redis the GCS fault tolerance ru
 
 import dataclasses
 import json
+import os
 import shutil
 import socket
 import subprocess
 import types
 
+import psutil
 import pytest
 
 from chaos.embedded.redis import RedisServer, ping, redis_binary
 from chaos.errors import ClusterError
-from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, head_fault
+from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
 from chaos.timeline import Timeline
 from chaos.verify import head_loss_outcome, resumed_after_resubmission, workers_after_head_loss
 from timelines import Script
@@ -45,7 +47,7 @@ def test_a_resubmission_that_was_never_recorded_is_unverifiable():
 def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True):
     return HeadLoss(fault="gcs-kill", gcs_ft=gcs_ft, outcome=outcome, diagnosis=diagnosis, t_fault=0.0,
                     head_down_s=0.1, head_up_s=11.0, job_id="j", job_status_after="RUNNING", driver_pid=1,
-                    driver_alive_after=False, workers_before={}, workers_after={}, head_history=[])
+                    driver_alive_after=False, workers_before={}, workers_after={}, head_boot_ids=[], head_history=[])
 
 
 def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknown_one():
@@ -58,6 +60,15 @@ def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknow
                              "cluster-lost")
     assert lost.status == "expected" and lost.diagnosis == "cluster lost"
     assert set(OUTCOMES) == {"continued", "driver-lost", "cluster-lost"}
+
+
+def test_a_head_reboot_must_show_a_new_boot_id_when_the_head_is_a_test_host():
+    rebooted = dataclasses.replace(loss("driver-lost"), fault="head-reboot", head_boot_ids=["a" * 36, "b" * 36])
+    v = head_loss_outcome(rebooted, "driver-lost")
+    assert v.status == "pass" and "boot id aaaaaaaa → bbbbbbbb" in v.message
+    same = dataclasses.replace(rebooted, head_boot_ids=["a" * 36, "a" * 36])
+    v = head_loss_outcome(same, "driver-lost")
+    assert v.status == "fail" and v.message.startswith("head loss: expected the head's host to reboot")
 
 
 def test_unknown_head_fault_names_the_known_ones():
@@ -167,20 +178,16 @@ def judge(status, *, gcs_ft, reports_after=(), head_down_s=1.0, head_up_s=10.0, 
     exp.client, exp.timeline = FakeJobs(status), Timeline()
     for dt, step in reports_after:
         exp.timeline.emit("recorder", "report", t=1000.0 + dt, step=step)
-    driver = subprocess.Popen(["sleep", "30"]) if driver_alive else None
-    pid = driver.pid if driver else _dead_pid()
+    driver = subprocess.Popen(["sleep", "30"])
+    proc = psutil.Process(driver.pid)
+    if not driver_alive:
+        driver.kill()
+        driver.wait()
     try:
-        return exp._judge("job-1", pid, 1000.0, head_down_s, head_up_s, settle_s=0.1, timeout=1.0)
+        return exp._judge("job-1", proc, 1000.0, head_down_s, head_up_s, settle_s=0.1, timeout=1.0)
     finally:
-        if driver:
-            driver.kill()
-            driver.wait()
-
-
-def _dead_pid():
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
+        driver.kill()
+        driver.wait()
 
 
 def test_judge_reports_after_the_head_came_back_mean_the_run_continued():
@@ -209,3 +216,9 @@ def test_judge_a_head_that_never_came_back():
 def test_judge_never_guesses_a_live_driver_without_reports():
     outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, driver_alive=True)
     assert outcome is None and "driver pid" in diagnosis and "alive" in diagnosis
+
+
+def test_a_driver_pid_from_inside_a_pid_namespace_is_mapped_back():
+    me = os.getpid()
+    assert _namespace_pid(me) == me  # this process lives in the machine's own PID namespace
+    assert _namespace_pid(2 ** 22 + 1) is None
