@@ -282,6 +282,28 @@ def head_loss_outcome(loss: Any, expected: str) -> Verdict:
     return Verdict(name, status, f"{loss.diagnosis} ({times})", loss.diagnosis.split(":")[0], evidence)
 
 
+def reports_resumed(timeline: Timeline, loss: Any, slo_recover_s: float | None) -> Verdict:
+    """Time from a head fault to the first report after it: the same run's (it continued) or,
+    for a run lost with its driver, its resubmission's — what whoever waits on training sees."""
+    after = [e for e in timeline.of("report") if e.t > loss.t_fault + (loss.head_up_s or 0.0)]
+    name = f"recovery-time (head: {loss.fault})"
+    evidence = {"t_fault": loss.t_fault, "head_up_s": loss.head_up_s, "slo_recover_s": slo_recover_s,
+                "resubmitted_at_s": next((e.t - loss.t_fault for e in timeline.of("job_submitted")
+                                          if e.t > loss.t_fault), None)}
+    if not after:
+        return Verdict(name, "unverifiable", "unverifiable: no report after the head fault (nothing resumed, or "
+                       "the run was not resubmitted)", "unverifiable: no report after the fault", evidence)
+    first = after[0]
+    took = first.t - loss.t_fault
+    evidence.update(first_report_s=took, first_step=first.data.get("step"), run_id=first.data.get("run_id"))
+    summary = (f"head back {_s(loss.head_up_s)} after the fault, reports resumed after {_s(took)} "
+               f"(step {first.data.get('step')})")
+    if slo_recover_s is not None and took > slo_recover_s:
+        return Verdict(name, "fail", f"recovery too slow: reports resumed {_s(took)} after the head fault > SLO "
+                       f"{slo_recover_s:.1f} s ({summary})", "recovery too slow", evidence)
+    return Verdict(name, "pass", summary, None, evidence)
+
+
 def workers_after_head_loss(loss: Any, kept: bool) -> Verdict:
     """Every worker node outlived the head fault under its Ray node id (``kept``: GCS fault
     tolerance), or none did (a new GCS: they came back as new nodes)."""

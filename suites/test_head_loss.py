@@ -27,6 +27,11 @@ def head_loss_run(request, **params):
     return reference_spec(f"headloss-{uuid.uuid4().hex[:6]}", str(out / "storage"), **{**defaults, **params})
 
 
+def slo(request):
+    """--chaos-slo-recover: the head's loss, the resubmission and its first report within it."""
+    return request.config.getoption("chaos_slo_recover")
+
+
 def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, request):
     """GCS fault tolerance on.  The GCS is killed after the first checkpoint: the head
     restarts, the worker nodes stay, the run is lost with its driver and charged nothing;
@@ -44,6 +49,7 @@ def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, reques
         exp.submit()  # what a RayJob's retry does
         exp.wait_checkpoint(timeout=180)  # the resubmitted run is going: the next fault hits it
         verdicts += verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1])
+        verdicts.append(verify.reports_resumed(exp.timeline, loss, slo(request)))
     exp.wait_finished(timeout=180)
     verdicts.append(verify.within_budget(exp.timeline, Expectation(charged={})))
     exp.judge(verdicts)
@@ -62,6 +68,7 @@ def test_head_reboot_with_fault_tolerance(chaos_head_loss, request):
     exp.wait_finished(timeout=180)
     exp.judge([verify.head_loss_outcome(loss, "driver-lost"), verify.workers_after_head_loss(loss, kept=True),
                *verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1]),
+               verify.reports_resumed(exp.timeline, loss, slo(request)),
                verify.within_budget(exp.timeline, Expectation(charged={}))])
 
 

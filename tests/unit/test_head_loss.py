@@ -16,7 +16,7 @@ from chaos.embedded.redis import RedisServer, ping, redis_binary
 from chaos.errors import ClusterError
 from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
 from chaos.timeline import Timeline
-from chaos.verify import head_loss_outcome, resumed_after_resubmission, workers_after_head_loss
+from chaos.verify import head_loss_outcome, reports_resumed, resumed_after_resubmission, workers_after_head_loss
 from timelines import Script
 
 
@@ -222,3 +222,16 @@ def test_a_driver_pid_from_inside_a_pid_namespace_is_mapped_back():
     me = os.getpid()
     assert _namespace_pid(me) == me  # this process lives in the machine's own PID namespace
     assert _namespace_pid(2 ** 22 + 1) is None
+
+
+def test_reports_resumed_times_the_first_report_after_the_head_came_back():
+    tl = Timeline()
+    lost = dataclasses.replace(loss("driver-lost"), t_fault=1000.0, head_up_s=12.0)
+    tl.emit("recorder", "report", t=1004.0, step=12)  # the lost run, before the head went
+    assert reports_resumed(tl, lost, 120).status == "unverifiable"
+    tl.emit("harness", "job_submitted", t=1022.0, job_id="again")
+    tl.emit("recorder", "report", t=1050.0, step=11)
+    v = reports_resumed(tl, lost, 120)
+    assert v.status == "pass" and v.evidence["first_report_s"] == 50.0 and v.evidence["resubmitted_at_s"] == 22.0
+    slow = reports_resumed(tl, lost, 30)
+    assert slow.status == "fail" and slow.message.startswith("recovery too slow: reports resumed 50.0 s")
