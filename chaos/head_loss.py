@@ -36,14 +36,13 @@ from typing import Callable
 
 import psutil
 
-import chaos
 from chaos import verify
 from chaos.embedded.cluster import EmbeddedCluster
 from chaos.errors import WaitTimeout
 from chaos.report import Reporter
 from chaos.timeline import Event, Timeline
-from chaos.train.recorder import ENV_EVENTS_FILE, ENV_STATE_METRIC, ENV_STEP_METRIC
-from chaos.train.run import RECORDER, RunSpec
+from chaos.train.recorder import ENV_EVENTS_FILE
+from chaos.train.run import RunSpec, runtime_env
 from chaos.verify import Verdict
 from chaos.waits import poll_until
 
@@ -85,13 +84,13 @@ class EventsFile:
 
     def read(self) -> None:
         try:
-            with open(self.path) as f:
+            with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except FileNotFoundError:
             return
-        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next read
-        self._offset += len(complete.encode())
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next read
+        self._offset += len(complete)
         for line in complete.splitlines():
             if line.strip():
                 self.timeline.add(Event.from_json(json.loads(line)))
@@ -146,15 +145,9 @@ class HeadLossExperiment:
     # -- the run -------------------------------------------------------------------
     def submit(self) -> str:
         """Submit the run (again: same name and storage, so Train restores its latest checkpoint)."""
-        env = {"RAY_TRAIN_CALLBACKS": RECORDER, ENV_EVENTS_FILE: str(self.events_path),
-               ENV_STEP_METRIC: self.spec.step_metric, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-               **({ENV_STATE_METRIC: self.spec.state_metric} if self.spec.state_metric else {}),
-               **self.spec.env_vars}
-        runtime_env: dict = {"py_modules": [str(Path(chaos.__file__).parent)], "env_vars": env}
-        if self.spec.working_dir:
-            runtime_env["working_dir"] = self.spec.working_dir
+        env = runtime_env(self.spec, {ENV_EVENTS_FILE: str(self.events_path)})
         job_id = f"chaos-{self.spec.name}-{uuid.uuid4().hex[:6]}"
-        self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=job_id, runtime_env=runtime_env)
+        self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=job_id, runtime_env=env)
         self.jobs.append(job_id)
         self.timeline.emit("harness", "job_submitted", job_id=job_id, entrypoint=self.spec.entrypoint)
         self.reporter.say(f"submitted job {job_id}" + (" (a resubmission of the same run)" if len(self.jobs) > 1

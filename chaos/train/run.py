@@ -70,6 +70,24 @@ def user_spec(command: str, name: str, step_metric: str = "auto", working_dir: s
                    user_workload=True)
 
 
+def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
+    """The job's runtime_env: the harness package, the recorder switched on, and ``harness_env``
+    (where the recorder sends its events, the fault's settings), then the spec's own variables."""
+    env = {
+        "RAY_TRAIN_CALLBACKS": RECORDER,
+        ENV_STEP_METRIC: spec.step_metric,
+        **({ENV_STATE_METRIC: spec.state_metric} if spec.state_metric else {}),
+        # The controller's poll tick: reports reach callbacks on it, so keep it short.
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+        **harness_env,
+        **spec.env_vars,
+    }
+    renv: dict = {"py_modules": [str(Path(chaos.__file__).parent)], "env_vars": env}
+    if spec.working_dir:
+        renv["working_dir"] = spec.working_dir
+    return renv
+
+
 class Run:
     def __init__(self, spec: RunSpec, dashboard_url: str, head_node_id: str, timeline: Timeline, log_dir: Path,
                  extra_env: dict[str, str] | None = None):
@@ -97,20 +115,7 @@ class Run:
         return self._client
 
     def runtime_env(self) -> dict:
-        env = {
-            "RAY_TRAIN_CALLBACKS": RECORDER,
-            ENV_SINK: f"sink-{self.job_id}",
-            ENV_STEP_METRIC: self.spec.step_metric,
-            **({ENV_STATE_METRIC: self.spec.state_metric} if self.spec.state_metric else {}),
-            # The controller's poll tick: reports reach callbacks on it, so keep it short.
-            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-        }
-        env.update(self.extra_env)
-        env.update(self.spec.env_vars)
-        renv: dict = {"py_modules": [str(Path(chaos.__file__).parent)], "env_vars": env}
-        if self.spec.working_dir:
-            renv["working_dir"] = self.spec.working_dir
-        return renv
+        return runtime_env(self.spec, {ENV_SINK: f"sink-{self.job_id}", **self.extra_env})
 
     def submit(self) -> "Run":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
