@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -29,6 +30,9 @@ from chaos.progress import Finding, StallWatch
 from chaos.report import Reporter
 from chaos.timeline import Timeline, recovery_metrics
 from chaos.train.run import Run, RunSpec
+from chaos.train.tape import ENV_TAPE_FILE
+
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 from chaos.waits import poll_until
 from chaos.verify import Expectation, Verdict, check, did_not_resume, healed, verdicts_for
 
@@ -63,6 +67,7 @@ class Environment:
     out_dir: Path
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     dry_run: bool = False
+    tape: bool = False  # each run's recorder tape into its run directory (chaos.train.tape)
     abort_reason: str | None = None
     _timelines: list = dataclasses.field(default_factory=list)
 
@@ -128,9 +133,7 @@ class Experiment:
         for k, v in self.spec.params.items():
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, backend=env.backend)
-        fault_env: dict[str, str] = {}
-        for _, fault in self.faults:
-            fault_env.update(fault.run_env())
+        fault_env = self.run_env()
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
@@ -212,8 +215,26 @@ class Experiment:
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
             self._attach(run, nodes_before, verdicts)
+            if env.tape:  # what the contract tier replays the tape against (tests/contract)
+                (self.dir / "judging.json").write_text(json.dumps(
+                    {"expectation": dataclasses.asdict(self.expect), "finished": finding is None}, default=str))
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
+
+    def run_env(self) -> dict[str, str]:
+        """What the run's environment gets from the harness: each fault's settings, the
+        preemption watcher off where nothing can drain a node, the tape's path."""
+        env: dict[str, str] = {}
+        for _, fault in self.faults:
+            env.update(fault.run_env())
+        drains = any(m.budget_class == "preemption" for _, f in self.faults for m in getattr(f, "members", [f]))
+        if not drains and not self.env.backend.external_drains:
+            # Train's preemption watcher (an actor per attempt, ~2.5 CPU s of imports each)
+            # would watch for nothing.
+            env[PREEMPTION_WATCHER] = "0"
+        if self.env.tape:
+            env[ENV_TAPE_FILE] = str((self.dir / "tape.jsonl").resolve())
+        return env
 
     # -- phases ------------------------------------------------------------------
     def _inject(self, ctx: FaultContext, fault: Fault) -> Target:

@@ -91,6 +91,10 @@ def pytest_addoption(parser):
                 help="run against the cluster this profile describes instead of the embedded cluster")
     g.addoption("--chaos-dry-run", action="store_true",
                 help="resolve and print every target and action, inject nothing")
+    g.addoption("--chaos-tape", action="store_true",
+                help="tape every fact the recorder takes from Ray Train into the run's directory "
+                     "(<reports>/runs/<test>/tape.jsonl, written by the Train controller on the head node) "
+                     "with judging.json: what tests/contract replays without a cluster")
 
 
 def pytest_configure(config):
@@ -100,6 +104,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "kubernetes: a chaos suite of Kubernetes/HyperPod faults "
                                        "(--chaos-kubernetes, or a profile with a kubernetes section)")
     config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
+    config.addinivalue_line("markers", "extended: a chaos suite whose fault kind and budget class a per-commit "
+                                       "suite already covers (make integration runs it, make chaos does not; "
+                                       "-m chaos runs it as any other)")
     config.addinivalue_line("markers", "soak: a seeded fault campaign through one long run (make soak); "
                                        "runs only with -m soak, never in make chaos")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
@@ -166,6 +173,15 @@ def pytest_collection_modifyitems(config, items):
         if skipped:
             config.hook.pytest_deselected(items=skipped)
             items[:] = [i for i in items if not i.get_closest_marker(marker)]
+    # Grouped by the cluster they need (stable: file order within a group), so a session
+    # starts each kind of cluster once: the embedded one, head-loss clusters, Kubernetes.
+    items.sort(key=_cluster_order)
+
+
+def _cluster_order(item) -> int:
+    if "chaos_head_loss" in getattr(item, "fixturenames", ()):
+        return 1
+    return 2 if item.get_closest_marker("kubernetes") else 0
 
 
 def live_reporter(config) -> Reporter:
@@ -294,7 +310,8 @@ def _session(config, backend, out: Path, reporter: Reporter) -> Iterator[Environ
     from chaos.allure_site import write_environment
     from chaos.ledger import Ledger
 
-    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=config.getoption("chaos_dry_run"))
+    env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=config.getoption("chaos_dry_run"),
+                      tape=config.getoption("chaos_tape"))
     with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
         results = config.getoption("allure_report_dir", None)
         if results:

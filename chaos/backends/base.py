@@ -86,6 +86,9 @@ class Backend(abc.ABC):
     name: ClassVar[str] = ""
     #: interpreter on the hosts, for small helper scripts
     python: str = "python3"
+    #: whether something besides the harness may drain this cluster's nodes (a spot reclaim,
+    #: an autoscaler): then Train's preemption watcher stays on in every run
+    external_drains: bool = True
 
     def __init__(self, profile: "Profile | None" = None, safety: SafetySettings | None = None):
         """``profile``: the cluster's profile, whose safety section applies; without one,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 class EmbeddedBackend(Backend):
     name = "embedded"
+    external_drains = False  # only the harness's own faults drain its nodes
     python = sys.executable  # the hosts are this machine's namespaces or processes
 
     def __init__(self, config: "EmbeddedConfig | None" = None, storage_path: str = "reports/storage"):

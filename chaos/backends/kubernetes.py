@@ -35,6 +35,11 @@ class KubernetesBackend(Backend):
     def serves(cls, profile) -> bool:
         return profile.kubernetes is not None
 
+    @property
+    def external_drains(self) -> bool:
+        """A real cluster's platform may drain; the embedded one only by the harness's faults."""
+        return self.embedded_kubernetes is None
+
     def __init__(self, profile, kube: KubeAccess | None = None):
         """``kube``: an API connection to use instead of the one the profile's
         kubernetes section describes (opened in ``_open``)."""

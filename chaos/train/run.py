@@ -39,7 +39,7 @@ class RunSpec:
     entrypoint: str
     name: str
     working_dir: str | None = None
-    step_metric: str = "auto"  # "auto" or comma-separated names (chaos.train.recorder.step_metric_names)
+    step_metric: str = "auto"  # "auto" or comma-separated names (chaos.train.recording.step_metric_names)
     state_metric: str | None = None  # a per-step value a correct restore reproduces (deterministic workloads)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
     params: dict = dataclasses.field(default_factory=dict)  # for reports only

@@ -19,7 +19,7 @@ from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, 
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from chaos.train import recorder
+from chaos.train import recorder, recording
 
 
 def params(fn):
@@ -82,7 +82,7 @@ def _policy_records(policy, error):
 
 def _decision_log(policy, error):
     decision, records = _policy_records(policy, error)
-    return decision, [recorder.parse_failure_policy_line(r.getMessage()) for r in records]
+    return decision, [recording.parse_failure_policy_line(r.getMessage()) for r in records]
 
 
 def test_failure_policy_still_logs_its_accounting_in_the_parsed_format():

@@ -1,0 +1,178 @@
+"""What the recorder makes of Ray Train's hook calls: facts in, timeline events out.
+
+Pure logic, no Ray: ``chaos.train.recorder.Recorder`` (the Ray Train callback) reads
+each hook's arguments into plain *facts* (dicts of strings and numbers) and hands them
+here.  Keeping the line between Ray's objects and this logic explicit is what lets the
+contract tier tape the facts of a real run (``chaos.train.tape``) and replay them here
+without a cluster.
+
+Facts per hook (``t``: the controller's clock when the hook ran):
+  controller_started  run_id, run_name, storage_path, num_workers,
+                      failure_config{max_failures, max_preemption_failures, controller_failure_limit}
+  state_changed       prev, cur, terminal, error (str or None)
+  policy_logged       message (Ray's ``[FailurePolicy]`` log message), error_types
+  failure_decision    decision (RETRY | RAISE)
+  controller_finished error (str or None)
+  worker_group_started workers[{rank, local_rank, node_id, node_ip, hostname, pid}]
+  poll_errors         errors{rank: "Type: message"} (only polls that carried errors)
+  reported            checkpoint (path or None), metrics [one dict per rank, in worker order]
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+# What ``auto`` tries, in order: Ray's own framework callbacks report "step" (Hugging Face
+# Transformers: TrainerState.global_step through log_history; Lightning: trainer.global_step),
+# then names other loops commonly count with.
+AUTO_STEP_METRICS = ("step", "global_step", "training_iteration", "iteration")
+_DECISION_RE = re.compile(
+    r"\[FailurePolicy\]\s+(?P<decision>\w+)\s+Source:\s+(?P<source>[\w ]+?)\s+"
+    r"Error count:\s+(?P<count>\d+)\s+\(max allowed:\s+(?P<limit>[\w.]+)\)"
+)
+BUDGET_CLASS = {"worker group": "worker_group", "preemption": "preemption", "controller": "controller"}
+
+
+def parse_failure_policy_line(message: str) -> dict | None:
+    """Parse Ray's ``[FailurePolicy]`` log message into decision / class / count / limit."""
+    m = _DECISION_RE.search(message)
+    if not m:
+        return None
+    limit = m["limit"]
+    return {
+        "decision": m["decision"],
+        "budget_class": BUDGET_CLASS.get(m["source"].strip(), m["source"].strip()),
+        "count": int(m["count"]),
+        "limit": None if limit == "inf" else int(float(limit)),
+        "line": message.split("\nError:", 1)[0].strip(),
+        "error": message.split("\nError:", 1)[1].strip()[:2000] if "\nError:" in message else "",
+    }
+
+
+def _scalar_metrics(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def as_number(value: Any) -> int | float | None:
+    """A reported step or state value as a plain number: ints, floats, numpy/torch scalars
+    (anything with ``.item()``); a whole float becomes an int.  Anything else is None."""
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        return int(value) if value.is_integer() else value
+    return int(value)
+
+
+def step_metric_names(spec: str) -> tuple[str, ...]:
+    """``auto`` -> AUTO_STEP_METRICS; ``"a,b"`` -> ("a", "b")."""
+    names = tuple(n.strip() for n in (spec or "auto").split(",") if n.strip())
+    if names in ((), ("auto",)):
+        return AUTO_STEP_METRICS
+    return tuple(n for name in names for n in (AUTO_STEP_METRICS if name == "auto" else (name,)))
+
+
+class Recording:
+    """One controller's hook calls turned into recorder events, handed to ``emit`` as
+    ``{"t", "source": "recorder", "kind", "data"}`` dicts."""
+
+    def __init__(self, step_metric: str, state_metric: str | None, emit: Callable[[dict], None]):
+        self.emit_to = emit
+        self.step_metric_spec = step_metric or "auto"
+        self.step_names = step_metric_names(self.step_metric_spec)
+        self.state_metric = state_metric or None
+        self.step_metric: str | None = None  # the first of step_names a report carried
+        self.run_id = ""
+        self.ranks: list = []  # world rank of each worker, in worker-group order
+        self.last_step: dict = {}  # rank -> step it last reported in this attempt
+        self.attempt = -1
+        self.errors_reported_for = -2
+        self.pending_decision: dict | None = None
+        self.final_state: str | None = None
+
+    def take(self, hook: str, t: float, facts: dict) -> None:
+        getattr(self, f"_{hook}")(t, facts)
+
+    def _emit(self, t: float, kind: str, **data: Any) -> None:
+        self.emit_to({"t": t, "source": "recorder", "kind": kind, "data": {"run_id": self.run_id, **data}})
+
+    # -- controller --------------------------------------------------------------
+    def _controller_started(self, t: float, f: dict) -> None:
+        self.run_id = f["run_id"]
+        self._emit(t, "controller_started", run_name=f["run_name"], storage_path=f["storage_path"],
+                   num_workers=f["num_workers"], step_metric=self.step_metric_spec,
+                   step_metric_names=list(self.step_names), state_metric=self.state_metric,
+                   failure_config=f["failure_config"])
+
+    def _state_changed(self, t: float, f: dict) -> None:
+        data = {"prev": f["prev"], "cur": f["cur"]}
+        if f.get("error") is not None:
+            data["error"] = f["error"]
+        if f["terminal"]:
+            self.final_state = f["cur"]
+        if data["prev"] != data["cur"] or f.get("error") is not None:  # Ray re-enters RUNNING on every poll tick
+            self._emit(t, "state_changed", **data)
+
+    def _policy_logged(self, t: float, f: dict) -> None:
+        parsed = parse_failure_policy_line(f["message"])
+        if parsed:
+            parsed["error_types"] = f["error_types"]
+            self.pending_decision = parsed
+
+    def _failure_decision(self, t: float, f: dict) -> None:
+        parsed, self.pending_decision = self.pending_decision, None
+        data = {"attempt": self.attempt, "decision": f["decision"]}
+        if parsed:
+            data.update({k: parsed[k] for k in ("budget_class", "count", "limit", "line", "error", "error_types")})
+        self._emit(t, "failure_decision", **data)
+
+    def _controller_finished(self, t: float, f: dict) -> None:
+        error = f.get("error")
+        self._emit(t, "run_finished", state=self.final_state or ("ERRORED" if error else "FINISHED"), error=error)
+
+    # -- worker group ------------------------------------------------------------
+    def _worker_group_started(self, t: float, f: dict) -> None:
+        self.attempt += 1
+        self.last_step = {}
+        placement = [dict(w) for w in f["workers"]]
+        self.ranks = [p["rank"] for p in placement]
+        self._emit(t, "attempt_started", attempt=self.attempt, placement=placement)
+
+    def _poll_errors(self, t: float, f: dict) -> None:
+        if f["errors"] and self.errors_reported_for != self.attempt:
+            self.errors_reported_for = self.attempt
+            self._emit(t, "worker_error", attempt=self.attempt, errors=dict(f["errors"]))
+
+    # -- reports -----------------------------------------------------------------
+    def _step_of(self, metrics: dict) -> Any:
+        if self.step_metric is None:
+            self.step_metric = next((n for n in self.step_names if n in metrics), None)
+        return metrics.get(self.step_metric) if self.step_metric else None
+
+    def _reported(self, t: float, f: dict) -> None:
+        """One event per report round, with every rank's step (and state value)."""
+        metrics, checkpoint = f["metrics"], f["checkpoint"]
+        ranks = self.ranks if len(self.ranks) == len(metrics) else list(range(len(metrics)))
+        steps, sources, states = {}, {}, {}
+        for rank, m in zip(ranks, metrics):
+            m = m or {}
+            step = as_number(self._step_of(m))
+            source = "metric" if step is not None else None
+            if step is None and checkpoint is not None and rank in self.last_step:
+                step, source = self.last_step[rank], "last reported"
+            if step is not None:
+                self.last_step[rank] = step
+            steps[str(rank)], sources[str(rank)] = step, source
+            if self.state_metric:
+                states[str(rank)] = as_number(m.get(self.state_metric))
+        first = str(ranks[0]) if ranks else None
+        self._emit(t, "report", attempt=self.attempt, step=steps.get(first), steps=steps, step_sources=sources,
+                   step_metric=self.step_metric, states=states or None, checkpoint=checkpoint,
+                   metrics=_scalar_metrics(metrics[0] if metrics else {}))
