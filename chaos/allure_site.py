@@ -74,6 +74,7 @@ DIAGNOSES: dict[str, tuple[str, ...]] = {
     "wrong budget charge": ("charged to the wrong budget class", "unexpected number of charged failures",
                             "budget not exhausted"),
     "recovery too slow": ("recovery too slow",),
+    "preemption window": ("no just-in-time checkpoint", "checkpoint inside the preemption window"),
     "run failed": ("run failed", "run did not finish", "run did not fail cleanly"),
     "unverifiable (missing evidence)": ("unverifiable: ", "inconclusive: "),
     "workload did not start": ("the workload did not start training",),

@@ -29,6 +29,36 @@ STATE_ATOL = 1e-6
 # Ray's own startup errors: a restart waiting for capacity the fault took away.
 CAPACITY_ERRORS = ("WorkerGroupStartupTimeoutError", "WorkerGroupStartupFailedError")
 
+# Every diagnosis a verdict that does not pass can carry, by verdict: the one list
+# docs/testing.md's coverage map answers for (tests/unit/test_coverage_map.py checks that
+# each has its row, and that every diagnosis written in chaos/ is here).
+DIAGNOSES: tuple[str, ...] = (
+    # resumed-from-latest (after a restart, or after a resubmission)
+    "restarted from scratch", "resumed from an older checkpoint", "resumed past the checkpoint",
+    "resumed at an unexpected step", "ranks disagree", "unverifiable: no step metric",
+    "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
+    "unverifiable: no reporting stride", "unverifiable: run not recorded",
+    "unverifiable: no attempt after resubmission",
+    # state-restored, final-state
+    "state not restored", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
+    "unverifiable: no baseline",
+    # within-budget
+    "retry budget exhausted", "charged to the wrong budget class", "unexpected number of charged failures",
+    "budget not exhausted", "unrelated failure", "unverifiable: no failure-policy record",
+    # recovery-time
+    "recovery too slow", "inconclusive", "unverifiable: no report after the fault",
+    # preemption-window
+    "no just-in-time checkpoint", "checkpoint inside the preemption window",
+    # run-finished
+    "run failed", "run did not finish", "run did not fail cleanly",
+    # progress (chaos.progress), healed
+    "training stalled", "did not resume", "cleanup failed",
+    # head loss (chaos.head_loss): <outcome> is the one seen (head_loss.OUTCOMES); "cluster lost"
+    # is the expected verdict's, cut from the head-loss diagnosis at run time
+    "head loss: <outcome>", "head loss: no reboot", "unverifiable: no outcome", "cluster lost",
+    "unexpected worker node fate",
+)
+
 
 @dataclasses.dataclass
 class Verdict:
@@ -607,7 +637,8 @@ def run_finished(timeline: Timeline, expect: Expectation) -> Verdict:
         ok = state == "ERRORED" and status in ("FAILED", None)
         return Verdict("run-finished", "expected" if ok else "fail",
                        "the run ended in a clean failure (ERRORED), as budget exhaustion should" if ok else
-                       f"run finished as {state} (job {status}), but budget exhaustion should end it ERRORED",
+                       f"run did not fail cleanly: it ended {state} (job {status}), but budget exhaustion should end it "
+                       "ERRORED",
                        None if ok else "run did not fail cleanly", evidence)
     if state == "FINISHED" and status == "SUCCEEDED":
         return Verdict("run-finished", "pass", "the run finished (FINISHED) and its job SUCCEEDED", None, evidence)

@@ -7,9 +7,14 @@ the classic mistakes the harness must catch.
     --restore-rank0-only  only rank 0 loads the checkpoint; rank 1 replays from step 0 and,
                           once rank 0 is done, waits forever in the per-step all-reduce
     --metric NAME         name of the reported step counter (default "step")
+    --restore-previous-checkpoint  loads the checkpoint before the one Train hands it (scans
+                          the run's storage folder itself): an older checkpoint
+    --crash-on-restore    raises while loading the checkpoint Train hands it (every restart)
+    --max-failures N      FailureConfig(max_failures=N) (default 3)
 """
 
 import argparse
+import glob
 import os
 import tempfile
 import time
@@ -28,7 +33,12 @@ def loop(config):
     start = 0
     if not config["ignore_checkpoint"] and (rank == 0 or not config["restore_rank0_only"]):
         ckpt = ray.train.get_checkpoint()
-        if ckpt:
+        if ckpt and config["crash_on_restore"]:
+            raise RuntimeError("could not load the checkpoint: optimizer state has another shape")
+        if ckpt and config["restore_previous"]:
+            steps = sorted(torch.load(f)["step"] for f in glob.glob(os.path.join(config["run_dir"], "*", "s.pt")))
+            start = steps[-2] if len(steps) > 1 else 0
+        elif ckpt:
             with ckpt.as_directory() as d:
                 start = torch.load(os.path.join(d, "s.pt"))["step"]
     for step in range(start + 1, config["steps"] + 1):
@@ -51,16 +61,23 @@ if __name__ == "__main__":
     p.add_argument("--crash-before-training", action="store_true")
     p.add_argument("--restore-rank0-only", action="store_true")
     p.add_argument("--metric", default="step")
+    p.add_argument("--restore-previous-checkpoint", action="store_true")
+    p.add_argument("--crash-on-restore", action="store_true")
+    p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
     if a.crash_before_training:
         raise RuntimeError("could not open the training data: /data/shards does not exist")
+    name = f"user-{os.getpid()}"
     TorchTrainer(
         loop,
         train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric,
-                           "restore_rank0_only": a.restore_rank0_only},
+                           "restore_rank0_only": a.restore_rank0_only, "crash_on_restore": a.crash_on_restore,
+                           "restore_previous": a.restore_previous_checkpoint,
+                           "run_dir": os.path.join(a.storage, name)},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=a.storage, name=f"user-{os.getpid()}",
-                             failure_config=None if a.default_failure_config else FailureConfig(max_failures=3)),
+        run_config=RunConfig(storage_path=a.storage, name=name,
+                             failure_config=None if a.default_failure_config else FailureConfig(
+                                 max_failures=a.max_failures)),
     ).fit()

@@ -4,12 +4,12 @@ Each case runs the raylet-kill suite (fault after checkpoint 2) in a separate py
 session on its own embedded cluster, with the README's command line:
 
     pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity \
-        --chaos-workload "python train_x.py --storage DIR [--bug]" --chaos-workload-dir tests/workloads
+        --chaos-workload "python train_x.py --storage DIR [--bug]" --chaos-workload-dir examples/workloads
 
 No --chaos-step-metric: the default (auto) finds ``step`` (Ray's Hugging Face and
 Lightning callbacks, the every-3rd script) and ``global_step`` (the accumulation script).
 
-| script (tests/workloads/)  | reports (checkpoints)                 | bug flag (tested here) | diagnosis                   |
+| script (examples/workloads/) | reports (checkpoints)                 | bug flag (tested here) | diagnosis                   |
 |----------------------------|---------------------------------------|------------------------|-----------------------------|
 | train_hf_transformers.py   | step 4, 8, ... 20 (every report)      | --ignore-checkpoint    | restarted from scratch      |
 | train_lightning.py         | step 4, 8, ... 24 (every report)      | (--ignore-checkpoint)  | restarted from scratch      |
@@ -37,21 +37,23 @@ from pathlib import Path
 
 import pytest
 
-from sessions import assert_nothing_left
+from sessions import assert_nothing_left, record_contract
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = ROOT / "tests" / "workloads"
+WORKLOADS = ROOT / "examples" / "workloads"
 SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
 RESUMED = re.compile(r"attempt 1 resumed at step (\d+), right after the latest checkpoint \(step (\d+)\) on every rank")
 
 pytestmark = pytest.mark.integration
 
 
-def run_suite(tmp_path, script, *script_args, timeout=600):
+def run_suite(tmp_path, script, *script_args, tape, timeout=600):
+    """The session's exit code and output; its taped run becomes contract fixture ``tape``
+    (tests/contract) under make integration."""
     name = f"chaos-fw-{uuid.uuid4().hex[:8]}"  # the Train run's name; also names the workers' local scratch
     workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), "--name", name, *script_args])
     try:
-        return _run_suite(tmp_path, workload, timeout)
+        return _run_suite(tmp_path, workload, timeout, tape)
     finally:
         # Workers' local scratch in the machine's temp dir, which the embedded hosts share: the HF
         # Trainer's output_dir of a killed rank, Ray's Lightning callback's per-rank checkpoint dirs.
@@ -59,10 +61,10 @@ def run_suite(tmp_path, script, *script_args, timeout=600):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run_suite(tmp_path, workload, timeout):
+def _run_suite(tmp_path, workload, timeout, tape):
     cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
            "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
-           "--chaos-reports", str(tmp_path / "reports")]
+           "--chaos-reports", str(tmp_path / "reports"), "--chaos-tape"]
     started = time.monotonic()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -80,6 +82,7 @@ def _run_suite(tmp_path, workload, timeout):
     (tmp_path / "session.log").write_text(out)
     print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
     assert_nothing_left(p.pid)
+    record_contract(tape, tmp_path / "reports", cmd)
     return p.returncode, out
 
 
@@ -101,29 +104,29 @@ def assert_failed_with(code, out, *phrases):
 
 # -- Hugging Face Transformers Trainer + Ray's RayTrainReportCallback / prepare_trainer ----------
 def test_hf_transformers_trainer_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_hf_transformers.py")
+    code, out = run_suite(tmp_path, "train_hf_transformers.py", tape="hf_trainer_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
 def test_hf_transformers_trainer_ignoring_its_checkpoint_restarts_from_scratch(tmp_path):
-    code, out = run_suite(tmp_path, "train_hf_transformers.py", "--ignore-checkpoint")
+    code, out = run_suite(tmp_path, "train_hf_transformers.py", "--ignore-checkpoint", tape="hf_trainer_ignores_checkpoint")
     assert_failed_with(code, out, "restarted from scratch: attempt 1 began at step 4 on every rank")
 
 
 # -- PyTorch Lightning + RayDDPStrategy / RayLightningEnvironment / RayTrainReportCallback --------
 def test_lightning_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_lightning.py")
+    code, out = run_suite(tmp_path, "train_lightning.py", tape="lightning_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
 # -- plain torch, gradient accumulation: global_step advances by 4 per report --------------------
 def test_grad_accumulation_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_grad_accum.py")
+    code, out = run_suite(tmp_path, "train_grad_accum.py", tape="grad_accum_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
 def test_grad_accumulation_off_by_one_resume_skips_data(tmp_path):
-    code, out = run_suite(tmp_path, "train_grad_accum.py", "--resume-next-step")
+    code, out = run_suite(tmp_path, "train_grad_accum.py", "--resume-next-step", tape="grad_accum_resumes_past_checkpoint")
     assert_failed_with(code, out, "resumed past the checkpoint: attempt 1 began at step")
     m = re.search(r"resumed past the checkpoint: attempt 1 began at step (\d+) on every rank although "
                   r"checkpoint step (\d+) was committed", out)
@@ -132,6 +135,6 @@ def test_grad_accumulation_off_by_one_resume_skips_data(tmp_path):
 
 # -- plain torch reporting every 3rd step, checkpointing every 6th -------------------------------
 def test_every_third_step_reporter_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_every_third.py")
+    code, out = run_suite(tmp_path, "train_every_third.py", tape="every_third_healthy")
     assert_resumed_after_checkpoint(code, out, stride=3)
 

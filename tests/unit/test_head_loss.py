@@ -44,6 +44,26 @@ def test_a_resubmission_that_was_never_recorded_is_unverifiable():
     assert v.status == "unverifiable" and "run2" in v.message
 
 
+def lost_then_resubmitted(started):
+    """A run lost after checkpoint 10 (steps to 12), resubmitted as a new run that errored
+    before its worker group started (``started`` False) or started one attempt resuming at 11."""
+    s = Script().start_attempt().steps(1, 12).new_run()
+    return (s.start_attempt().steps(11, 20).finish() if started else s.finish("ERRORED")).timeline()
+
+
+def test_a_resubmission_that_never_started_an_attempt_is_unverifiable():
+    [v] = resumed_after_resubmission(lost_then_resubmitted(started=False), "run1", "run2")
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no attempt after resubmission", v.line()
+    assert v.message == "unverifiable: the resubmitted run never started an attempt"
+    assert v.evidence == {"new_run": "run2"}
+
+
+def test_a_resubmission_with_one_attempt_is_judged_as_the_lost_runs_next_attempt():
+    [v] = resumed_after_resubmission(lost_then_resubmitted(started=True), "run1", "run2")
+    assert v.status == "pass" and v.name == "resumed-from-latest (resubmission, attempt 1)", v.line()
+    assert v.evidence["attempt_offset"] == 1 and v.evidence["latest_checkpoint_step"] == 10
+
+
 def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True):
     return HeadLoss(fault="gcs-kill", gcs_ft=gcs_ft, outcome=outcome, diagnosis=diagnosis, t_fault=0.0,
                     head_down_s=0.1, head_up_s=11.0, job_id="j", job_status_after="RUNNING", driver_pid=1,

@@ -246,12 +246,63 @@ def test_checkpoint_report_without_the_step_takes_the_rank_last_step_and_says_so
     assert v.evidence["latest_checkpoint_step"] == 9
 
 
+def stepless_checkpoint_then_restart(later_checkpoint):
+    """Rank 1's first report is checkpoint 5 without a step (none to carry over, so the
+    recorder leaves it out); ``later_checkpoint``: checkpoint 10, with both steps, follows."""
+    s = Script().start_attempt()
+    s.report({0: 5, 1: None}, "/storage/checkpoint_5")
+    s.steps(6, 12, every=10 if later_checkpoint else None).fault().decision()
+    return s.start_attempt().steps(11 if later_checkpoint else 6, 20, every=None).finish().timeline()
+
+
+def test_latest_checkpoint_without_a_rank_step_is_unverifiable_for_that_rank():
+    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=False))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step at the checkpoint", v.line()
+    assert v.message == "unverifiable: attempt 1, rank 1: the latest checkpoint's report carried no step for rank 1"
+    assert v.evidence["ranks"][0]["status"] == "pass"  # rank 0 did resume right after it
+    assert v.evidence["ranks"][1]["diagnosis"] == "unverifiable: no step at the checkpoint"
+    with pytest.raises(VerificationError, match="carried no step for rank 1"):
+        check([v])
+
+
+def test_a_rank_step_missing_only_at_an_older_checkpoint_is_judged():
+    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=True))
+    assert v.status == "pass", v.line()
+    assert v.evidence["latest_checkpoint_step"] == 10
+    assert "resumed at step 11, right after the latest checkpoint (step 10) on every rank" in v.message
+
+
+def checkpoint_only_reports(resumed_steps):
+    """A script that reports only when it checkpoints (every 5 steps): one report before the
+    fault (step 5), then ``resumed_steps`` (first, last) after it."""
+    first, last = resumed_steps
+    return (Script().start_attempt().steps(5, 5, every=5, stride=5).fault().decision()
+            .start_attempt().steps(first, last, every=5, stride=5).finish().timeline())
+
+
+def test_no_report_after_the_checkpoint_and_no_stride_is_unverifiable():
+    [v] = resumed_from_latest(checkpoint_only_reports((10, 10)))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
+    assert v.message == ("unverifiable: attempt 1, rank 0: no report followed checkpoint step 5 and the run "
+                         "showed no reporting stride")
+    assert v.evidence["reporting_stride"] == {}
+    assert v.evidence["ranks"][1]["diagnosis"] == "unverifiable: no reporting stride"
+
+
+def test_a_stride_shown_after_the_restart_or_a_resume_at_the_checkpoint_step_is_judged():
+    [v] = resumed_from_latest(checkpoint_only_reports((10, 15)))  # steps 10, 15: a stride of 5
+    assert v.status == "pass", v.line()
+    assert v.evidence["rule"] == "checkpoint step 5 + the run's reporting stride 5"
+    [v] = resumed_from_latest(checkpoint_only_reports((5, 5)))  # evaluate after load: no stride needed
+    assert v.status == "pass" and "at the latest checkpoint's own step (5)" in v.message, v.line()
+
+
 @pytest.mark.parametrize("value, expected", [(7, 7), (7.0, 7), (7.5, 7.5), ("7", None), (True, None),
                                              (float("nan"), None)])
 def test_step_values_ints_whole_floats_and_scalars(value, expected):
     import numpy as np
 
-    from chaos.train.recorder import as_number
+    from chaos.train.recording import as_number
 
     assert as_number(value) == expected
     assert as_number(np.int64(7)) == 7 and isinstance(as_number(np.int64(7)), int)
@@ -259,7 +310,7 @@ def test_step_values_ints_whole_floats_and_scalars(value, expected):
 
 
 def test_auto_step_metric_names():
-    from chaos.train.recorder import AUTO_STEP_METRICS, step_metric_names
+    from chaos.train.recording import AUTO_STEP_METRICS, step_metric_names
 
     assert step_metric_names("auto") == AUTO_STEP_METRICS
     assert step_metric_names("global_step, step") == ("global_step", "step")
@@ -390,6 +441,39 @@ def test_run_finished_requires_the_job_to_succeed():
     assert v.status == "fail" and "the job ended FAILED" in v.message
 
 
+def exhausted(state, job=None):
+    """A run whose one fault exhausts max_failures=0 and that ends ``state``, its job ``job``
+    (None: as Script.finish records it)."""
+    s = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0)
+    if job is None:
+        return s.finish(state).timeline()
+    s.events.append(s._e("recorder", "run_finished", state=state))
+    s.events.append(s._e("harness", "job_finished", status=job))
+    return s.timeline()
+
+
+EXPECT_EXHAUSTION = Expectation(charged={"worker_group": 1}, budget_exhausted=True)
+
+
+def test_expected_exhaustion_that_does_not_end_errored_did_not_fail_cleanly():
+    for tl, ended in [(exhausted("ABORTED"), "ABORTED (job FAILED)"),
+                      (exhausted("FINISHED"), "FINISHED (job SUCCEEDED)"),
+                      (exhausted("ERRORED", job="SUCCEEDED"), "ERRORED (job SUCCEEDED)")]:  # the driver swallowed it
+        v = run_finished(tl, EXPECT_EXHAUSTION)
+        assert v.status == "fail" and v.diagnosis == "run did not fail cleanly", v.line()
+        assert v.message == f"run did not fail cleanly: it ended {ended}, but budget exhaustion should end it ERRORED"
+
+
+def test_expected_exhaustion_that_ends_errored_failed_cleanly():
+    v = run_finished(exhausted("ERRORED"), EXPECT_EXHAUSTION)
+    assert v.status == "expected" and v.diagnosis is None, v.line()
+    assert v.evidence["run_state"] == "ERRORED" and v.evidence["job_status"] == "FAILED"
+    s = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0)
+    s.events.append(s._e("recorder", "run_finished", state="ERRORED"))  # no job record (status None)
+    v = run_finished(s.timeline(), EXPECT_EXHAUSTION)
+    assert v.status == "expected" and v.message.startswith("the run ended in a clean failure (ERRORED)")
+
+
 def test_stalled_and_did_not_resume_messages():
     from chaos.verify import did_not_resume, stalled
 
@@ -480,6 +564,23 @@ def test_missing_just_in_time_checkpoint_is_a_finding():
     [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
     assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
     assert "no checkpoint committed inside the window" in v.message
+
+
+def test_checkpoint_inside_a_window_that_must_have_none_is_a_finding():
+    tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=False))
+    assert v.status == "fail" and v.diagnosis == "checkpoint inside the preemption window", v.line()
+    assert v.message.startswith("checkpoint inside the preemption window: notice at +0 s (drain), deadline +8.0 s")
+    assert "checkpoint committed inside the window at step 14" in v.message
+    assert v.evidence["checkpoint_steps"] == [14]
+
+
+def test_checkpoints_only_before_the_notice_and_after_the_node_went_are_outside_the_window():
+    # checkpoint 10 before the notice, checkpoint 20 in the attempt after the node went
+    tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=False))
+    assert v.status == "pass" and v.diagnosis is None, v.line()
+    assert "no checkpoint committed inside the window" in v.message and v.evidence["checkpoint_steps"] == []
 
 
 def test_preemption_window_without_expectation_reports_without_passing():

@@ -1,0 +1,110 @@
+"""The contract tier: real runs' recorder tapes (tests/contract/fixtures, recorded by make
+integration from real script shapes on real Ray) replayed through the recorder's logic and
+the verdicts, without a cluster.
+
+The diagnoses below are written by hand from what each script does — never copied from the
+verdicts' output — so a verdict rule that stops firing, or a recorder that reads Ray's
+facts differently, fails here in seconds instead of in a 2-minute session.
+"""
+
+import pytest
+
+import tapes
+from chaos.verify import verdicts_for
+
+RESUMED = "right after the latest checkpoint"
+
+# fixture -> {verdict name prefix: (status, phrase its message must contain, or None)}.
+# Any verdict not listed must not fail and must not be unverifiable.
+EXPECTED = {
+    # examples/workloads/user_train.py: steps 1..25 on 2 ranks, a checkpoint every 5th; its
+    # node killed after checkpoint 2 (step 10); FailureConfig(max_failures=3)
+    "user_healthy": {
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 11, {RESUMED} (step 10) on every rank"),
+        "within-budget": ("pass", "charged 1 to max_failures=3"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    "user_ignores_checkpoint": {  # never calls get_checkpoint()
+        "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 1 on every rank although "
+                                        "checkpoint step 10"),
+    },
+    "user_restores_rank0_only": {  # rank 1 starts over; the run then hangs in a collective (stopped)
+        "resumed-from-latest": ("fail", "restarted from scratch: rank 1 began attempt 1 at step 1"),
+    },
+    "user_default_failure_config": {  # FailureConfig left at max_failures=0
+        "within-budget": ("fail", "retry budget exhausted: 1 failure charged to max_failures=0"),
+        "recovery-time": ("fail", "recovery too slow: training never resumed after the fault"),
+        "run-finished": ("fail", None),
+    },
+    "user_unknown_step_metric": {  # counts steps as samples_seen, which auto does not know
+        "resumed-from-latest": ("unverifiable", "no step metric 'step', 'global_step'"),
+    },
+    "user_named_step_metric": {  # the same, named with --chaos-step-metric samples_seen
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 11, {RESUMED} (step 10)"),
+    },
+    "user_restores_previous_checkpoint": {  # scans its storage, loads step 5 instead of 10
+        "resumed-from-latest": ("fail", "resumed from an older checkpoint"),
+    },
+    "user_crashes_on_restore": {  # every restart raises loading its checkpoint; max_failures=1:
+        # the crash, not the fault, is what failed attempt 1 (and then exhausted the budget)
+        "within-budget": ("fail", "unrelated failure: attempt 1 failed with"),
+        "recovery-time": ("fail", "recovery too slow: training never resumed after the fault"),
+        "run-finished": ("fail", None),
+    },
+    # Hugging Face Trainer with Ray's callback: reports (with a checkpoint) at steps 4, 8, ...
+    "hf_trainer_healthy": {
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 12, {RESUMED} (step 8) on every rank"),
+        "within-budget": ("pass", "charged 1 to max_failures"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    "hf_trainer_ignores_checkpoint": {
+        "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 4 on every rank"),
+    },
+    # Lightning with RayDDPStrategy and Ray's callback: step 4, 8, ... at each epoch's end
+    "lightning_healthy": {
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 12, {RESUMED} (step 8) on every rank"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    # gradient accumulation x4: global_step 4, 8, ... reported, a checkpoint every 12
+    "grad_accum_healthy": {
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 28, {RESUMED} (step 24) on every rank"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    "grad_accum_resumes_past_checkpoint": {  # restores global_step one window too far
+        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 32 on every rank "
+                                        "although checkpoint step 24"),
+    },
+    # reports every 3rd step, checkpoints every 6th
+    "every_third_healthy": {
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 15, {RESUMED} (step 12) on every rank"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+}
+
+
+def test_every_fixture_has_a_hand_written_diagnosis_and_every_diagnosis_a_fixture():
+    assert sorted(EXPECTED) == tapes.names(), (
+        "tests/contract/fixtures and EXPECTED disagree: record the missing fixtures with make integration, "
+        "or write the diagnosis of a new one here")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_is_current(name):
+    stale = tapes.Fixture(name).stale()
+    assert stale is None, stale
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_replayed_verdicts(name):
+    fixture = tapes.Fixture(name)
+    verdicts = verdicts_for(fixture.timeline(), fixture.expectation(), finished=fixture.finished)
+    lines = "\n".join(v.line() for v in verdicts)
+    for prefix, (status, phrase) in EXPECTED[name].items():
+        matching = [v for v in verdicts if v.name.startswith(prefix)]
+        assert matching, f"{name}: no {prefix} verdict in\n{lines}"
+        for v in matching:
+            assert v.status == status, f"{name}: {v.name} is {v.status}, expected {status}\n{lines}"
+            assert phrase is None or phrase in v.message, f"{name}: {phrase!r} not in {v.message!r}"
+    unexpected = [v for v in verdicts if v.status in ("fail", "unverifiable")
+                  and not any(v.name.startswith(p) for p in EXPECTED[name])]
+    assert not unexpected, f"{name}: verdicts that should have passed:\n" + "\n".join(v.line() for v in unexpected)
