@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make chaos   — set everything up, run the chaos suites on the embedded cluster
-#   make test    — set everything up, run the harness's own tests (what CI runs)
+#   make test    — set everything up, run the harness's own tests (CI runs both)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -25,32 +25,55 @@ node_modules/.installed: package.json package-lock.json
 	bash scripts/setup-system.sh
 	touch $@
 
-# One session: the embedded cluster, and for the kubernetes-marked suites the embedded
-# Kubernetes cluster (one at a time).  JOBS=N spreads the suite files over N pytest-xdist
-# workers, each with its own clusters — for machines with cores to spare (2 cores: 22 min
-# with two workers, 25 with one, and cluster starts under that load can miss Ray's fixed
-# wait for the dashboard agent; README).  "No tests selected" (exit 5, e.g. with
-# ARGS="-k ...") is not a failure.
+# The tiers (docs/testing.md has what each covers):
+#   make test         seconds-to-minutes, starts no Ray: unit, contract (real runs' tapes
+#                     replayed), emulated Kubernetes API with the real kubectl, shim, test
+#                     hosts, report.  What to run on every change.
+#   make chaos        the chaos suites on the embedded clusters: every catalog fault kind and
+#                     budget class once (suites marked `extended` are left to make
+#                     integration), then the README's own-script command as a user runs it.
+#   make integration  the rest on real clusters (not in CI): extended suites, user and
+#                     framework scripts in their own sessions, profile stand-ins, SIGTERM/
+#                     SIGKILL + sweep sessions; re-records tests/contract/fixtures.
+# One session per pytest command: the embedded cluster, and for the kubernetes-marked suites
+# the embedded Kubernetes cluster (one at a time).  JOBS=N spreads the suite files over N
+# pytest-xdist workers, each with its own clusters — for machines with cores to spare (on 2
+# cores cluster starts under that load can miss Ray's fixed wait for the dashboard agent;
+# README).  "No tests selected" (exit 5, e.g. with ARGS="-k ...") is not a failure.
 JOBS ?= 1
+XDIST = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile)
 chaos: setup
-	$(PYTEST) -m chaos suites $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile) --alluredir $(ALLURE) \
+	$(PYTEST) -m "chaos and not extended" suites $(call XDIST,$(JOBS)) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
+	$(MAKE) --no-print-directory own-script
+
+# The README's "Your own training script" command, literally (a test checks they agree).
+own-script: setup
+	.venv/bin/pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity --chaos-workload "python my_train.py" --chaos-workload-dir examples/workloads --alluredir $(ALLURE)
 
 # The seeded fault campaign (suites/test_campaign.py, marker soak; never part of make chaos):
 # one run of about DURATION seconds through a schedule drawn from --chaos-seed, e.g.
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
 DURATION ?= 240
-.PHONY: soak
+.PHONY: soak own-script integration integration-sessions integration-suites
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
-# TEST_JOBS=N: N pytest-xdist workers, a test file each at a time (every cluster claims its
-# own slot, so they can run side by side); one by default, for the reason JOBS is.
-TEST_JOBS ?= 1
+# Starts no Ray (tests/conftest.py refuses a cluster start outside integration tests), so
+# two xdist workers by default; TEST_JOBS=1 for one process.
+TEST_JOBS ?= 2
 test: setup
-	$(PYTEST) tests $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) -p no:cacheprovider -rfEs \
-	  --durations=15 $(ARGS)
+	$(PYTEST) tests -m "not integration" $(call XDIST,$(TEST_JOBS)) -p no:cacheprovider -rfEs --durations=15 $(ARGS)
+
+# Two named parts, each its own pytest command: make integration-sessions, make integration-suites.
+integration: integration-sessions integration-suites
+integration-sessions: setup
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration -p no:cacheprovider -rfEs \
+	  --durations=0 $(ARGS)
+integration-suites: setup
+	$(PYTEST) -m "chaos and extended" suites --alluredir $(ALLURE) -p no:cacheprovider -rA --durations=0 $(ARGS) \
+	  || [ $$? -eq 5 ]
 
 report: setup
 	$(PY) -m chaos.allure_site

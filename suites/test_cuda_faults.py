@@ -52,6 +52,7 @@ def test_ecc_error_in_rank_1_after_checkpoint_2(chaos, cuda_driver_dir):
     assert new != old, f"the faulty process {old} must be replaced by a new one, got {new}"
 
 
+@pytest.mark.extended
 def test_sticky_error_proves_the_old_process_could_not_go_on(chaos, cuda_driver_dir):
     """Illegal address (700, sticky): the in-process retry fails too, so only a new process helps."""
     fault = CudaFault("illegal-address", rank=1, driver_dir=cuda_driver_dir)
@@ -63,6 +64,7 @@ def test_sticky_error_proves_the_old_process_could_not_go_on(chaos, cuda_driver_
     assert injections(outcome)[0].data["pid"] == rank_processes(outcome, 1)[0][1]
 
 
+@pytest.mark.extended
 def test_hang_is_caught_by_the_collective_timeout(chaos, cuda_driver_dir):
     """A hung sync in rank 1: the run's collective timeout must fire, Train restarts, resumes."""
     fault = CudaFault("ecc", rank=1, driver_dir=cuda_driver_dir, mode="hang", collective_timeout_s=15,

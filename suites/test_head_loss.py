@@ -72,6 +72,7 @@ def test_head_reboot_with_fault_tolerance(chaos_head_loss, request):
                verify.within_budget(exp.timeline, Expectation(charged={}))])
 
 
+@pytest.mark.extended
 def test_head_reboot_without_fault_tolerance_is_a_lost_cluster(chaos_head_loss, request):
     """Ray's default (GCS tables in memory): the head comes back empty.  The harness must say
     "cluster lost: no GCS fault tolerance" within its deadline, never hang; the worker nodes

@@ -66,6 +66,20 @@ def test_graceful_pod_delete_killed_inside_the_drain_window(chaos):
     assert_only_wrong_class(outcome)
 
 
+def test_pod_eviction_killed_inside_the_drain_window(chaos):
+    """An eviction of rank 1's pod through the Eviction API (what a drain does per pod):
+    graceful, so as above — Train hears the drain, Ray 2.60 charges max_failures."""
+    outcome = chaos.run(
+        chaos.workload(num_workers=2, max_failures=1, max_preemption_failures=2, steps=40, checkpoint_every=5),
+        faults=[(AfterCheckpoint(2), chaos.pod_evict(rank=1))])
+    attach_evidence(outcome)
+    [inj] = outcome.injections
+    assert inj.evidence["eviction_attempts"] >= 1 and inj.evidence["sigkill_inside_window"] is True, inj.evidence
+    states = [e.data.get("cur") for e in outcome.timeline.of("state_changed")]
+    assert "PREEMPTING" in states, f"Train never saw the drain notice: states {states}"
+    assert_only_wrong_class(outcome)
+
+
 def test_node_drain_evicts_and_is_uncordoned_on_revert(chaos):
     """``kubectl drain`` of rank 1's node: cordoned, its Ray pod evicted (graceful, so as
     above), the replacement pod Pending until the revert uncordons the node."""
@@ -102,6 +116,7 @@ def test_hyperpod_replace_by_label(chaos):
     assert inj.evidence["new_node"] and inj.evidence["new_node"] != inj.evidence["node"], inj.evidence
 
 
+@pytest.mark.extended
 def test_hyperpod_reboot_through_boto3(chaos):
     """``batch_reboot_cluster_nodes`` through boto3 against the SageMaker API."""
     outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
@@ -113,6 +128,7 @@ def test_hyperpod_reboot_through_boto3(chaos):
     assert inj.evidence["boot_id_after"] != inj.evidence["boot_id_before"], inj.evidence
 
 
+@pytest.mark.extended
 def test_raylet_kill_through_exec(chaos):
     """SIGKILL of rank 1's raylet by exec into its pod: ``ray start --block`` exits, the pod
     fails and KubeRay replaces it; Train restarts on the spare node."""

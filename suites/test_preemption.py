@@ -37,6 +37,7 @@ def test_preemption_with_spare_capacity_is_charged_to_the_preemption_budget(chao
     assert window["death_reason"] and "preemption" in window["death_reason"], window
 
 
+@pytest.mark.extended
 def test_checkpoint_on_the_preemption_notice_is_what_the_run_resumes_from(chaos):
     """The script asks ray.train.get_preemption_info() every step and checkpoints at once on
     the notice: the restart must resume right after that just-in-time checkpoint."""
@@ -55,6 +56,7 @@ def test_checkpoint_on_the_preemption_notice_is_what_the_run_resumes_from(chaos)
     assert checkpoint_step(outcome) == jit and jit % 25 != 0, (jit, window)
 
 
+@pytest.mark.extended
 def test_drain_requests_exhaust_max_preemption_failures(chaos):
     """Ray's own drain request (reason PREEMPTION, 8 s deadline, the node killed at it) with
     max_preemption_failures=0: the run must end ERRORED, charged to the preemption budget."""
@@ -69,6 +71,7 @@ def test_drain_requests_exhaust_max_preemption_failures(chaos):
     assert "retry budget exhausted: 1 failure charged to max_preemption_failures=0" in budget.message, budget.message
 
 
+@pytest.mark.extended
 def test_a_preemption_and_a_crash_in_one_run_charge_one_each(chaos):
     """A raylet crash, then a preemption: one charge to max_failures, one to
     max_preemption_failures, each restart resuming from the latest checkpoint."""
@@ -82,6 +85,7 @@ def test_a_preemption_and_a_crash_in_one_run_charge_one_each(chaos):
     assert "1 to max_failures=1" in message and "1 to max_preemption_failures=1" in message, message
 
 
+@pytest.mark.extended
 def test_pod_deletion_killed_inside_the_drain_window_is_charged_to_max_failures(chaos):
     """A pod deletion whose grace period ends inside Ray's drain window: SIGTERM to ray start
     (Ray drains the node, Train sees the notice and enters PREEMPTING), SIGKILL 8 s later,

@@ -12,6 +12,7 @@ from chaos.triggers import AfterCheckpoint
 pytestmark = pytest.mark.chaos
 
 
+@pytest.mark.extended
 def test_raylet_kill_with_spare_capacity(chaos):
     """3 worker hosts, 2 ranks: the restart can use the spare host at once."""
     outcome = chaos.run(
@@ -21,6 +22,7 @@ def test_raylet_kill_with_spare_capacity(chaos):
     outcome.assert_verdicts()
 
 
+@pytest.mark.extended
 def test_raylet_kill_without_spare_capacity(chaos):
     """Every host runs a rank: training waits until node recovery brings the host back."""
     if chaos.embedded is not None and not chaos.embedded.config.node_recovery:
@@ -37,6 +39,7 @@ def test_raylet_kill_without_spare_capacity(chaos):
         f"{killed.target.describe()} should have rejoined with a new node id; alive there: {back}")
 
 
+@pytest.mark.extended
 def test_two_raylet_kills_in_one_run(chaos):
     """Two kills, each after a fresh checkpoint: two charges, two correct resumes."""
     outcome = chaos.run(

@@ -83,6 +83,7 @@ def test_reboot_rank_1_node_without_spare_capacity(chaos, hosts):
     assert_reverted(outcome)
 
 
+@pytest.mark.extended
 def test_reboot_rank_1_node_with_spare_capacity(chaos, hosts):
     outcome = chaos.run(workload(chaos), faults=[(AfterCheckpoint(2), NodeReboot(rank=1))])
     outcome.assert_verdicts()
@@ -91,6 +92,7 @@ def test_reboot_rank_1_node_with_spare_capacity(chaos, hosts):
     assert_reverted(outcome)
 
 
+@pytest.mark.extended
 def test_raylet_sigkill_over_ssh(chaos, hosts):
     """The raylet PID that was killed no longer runs that node's raylet on its host, and
     rank 1 runs on in another process."""

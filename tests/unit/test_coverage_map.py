@@ -1,0 +1,200 @@
+"""docs/testing.md's coverage map against the code: every fault kind, budget class and
+diagnosis has its row, every test a row names is one pytest collects, and each sits in
+its tier's column — so a new kind or diagnosis cannot land without saying what tests it."""
+
+import ast
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos import verify
+from chaos.faults.catalog import BUDGET_CLASSES, KINDS
+from chaos.head_loss import HEAD_FAULTS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "testing.md"
+SECTIONS = {
+    "Fault kinds": (*KINDS, *HEAD_FAULTS),
+    "Budget classes": BUDGET_CLASSES,
+    "Diagnoses": verify.DIAGNOSES,
+}
+# chaos/pytest_plugin.py deselects chaos and soak tests unless -m names them: this names
+# both and still selects everything.
+EVERY_TEST = "chaos or soak or not (chaos or soak)"
+# One collection of every file the map names, reporting each test's markers too
+# (--collect-only -q prints ids only).  tests/unit and suites both have a test_head_loss.py
+# and a test_final_state.py, which pytest's default import mode cannot hold in one session:
+# files are imported by path, and their directories put on sys.path for their helper
+# modules (timelines, sessions, tapes), as the default mode would.
+COLLECT = """
+import json, sys, pytest
+from pathlib import Path
+sys.path[:0] = sorted({str(Path(a).resolve().parent) for a in sys.argv[1:] if a.endswith(".py")})
+class Marks:
+    def pytest_collection_finish(self, session):
+        marks = {i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}
+        print("COLLECTED " + json.dumps(marks))
+sys.exit(pytest.main(["--import-mode=importlib", *sys.argv[1:]], plugins=[Marks()]))
+"""
+
+
+@dataclasses.dataclass
+class Row:
+    section: str
+    name: str
+    line: int
+    per_commit: list[str]
+    integration: list[str]
+    per_commit_cell: str = ""  # as written, for a planned row's "planned: ..."
+
+    @property
+    def planned(self) -> bool:
+        """Marked planned (not built yet, e.g. ``xid``): no test can cover it yet."""
+        return self.per_commit_cell.lower().startswith("planned")
+
+
+def cell_ids(cell: str) -> list[str]:
+    """The node ids in a cell: `<br>`-separated, each maybe followed by a note."""
+    parts = (p.split() for p in re.split(r"<br\s*/?>", cell))
+    return [p[0] for p in parts if p and ".py" in p[0]]
+
+
+def read_map() -> list[Row]:
+    rows, section, header = [], None, None
+    for n, line in enumerate(DOC.read_text().splitlines(), 1):
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if section not in SECTIONS or not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = [c.lower() for c in cells]
+            column = {tier: next((i for i, h in enumerate(header) if h.startswith(tier)), None)
+                      for tier in ("per-commit", "integration")}
+            assert None not in column.values(), f"{DOC.name}:{n}: a {section} table needs a per-commit and an " \
+                                                f"integration column, got {header}"
+            continue
+        name = re.fullmatch(r"`([^`]+)`", cells[0])
+        if name:
+            rows.append(Row(section, name[1], n, cell_ids(cells[column["per-commit"]]),
+                            cell_ids(cells[column["integration"]]), cells[column["per-commit"]]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[Row]:
+    return read_map()
+
+
+@pytest.fixture(scope="module")
+def collected(rows) -> dict[str, list[str]]:
+    """node id -> its markers, for every test in the files the map names."""
+    files = sorted({i.split("::")[0] for r in rows for i in r.per_commit + r.integration})
+    missing = [f for f in files if not (ROOT / f).is_file()]
+    assert not missing, f"{DOC.name} names test files that do not exist: {missing}"
+    p = subprocess.run([sys.executable, "-c", COLLECT, "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-m", EVERY_TEST, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"collecting {DOC.name}'s test files failed (exit {p.returncode}):\n" \
+                              f"{p.stdout[-3000:]}{p.stderr[-3000:]}"
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("COLLECTED "))
+    return json.loads(line.removeprefix("COLLECTED "))
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_name_has_exactly_one_row(rows, section):
+    names = [r.name for r in rows if r.section == section]
+    missing = [n for n in SECTIONS[section] if n not in names]
+    stale = sorted(set(names) - set(SECTIONS[section]))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    said = "; ".join(f"{what} {', '.join(ns)}" for what, ns in (
+        ("no row for", missing), ("rows for what the code does not know:", stale), ("more than one row for", twice))
+        if ns)
+    assert not said, f"docs/testing.md, ## {section}: {said} (one row each, naming the tests that cover it)"
+
+
+def _name(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ast.unparse(node)
+
+
+def _texts(node: ast.AST | None) -> list[str]:
+    """What a diagnosis expression can be: a literal, either branch of a conditional, an
+    f-string with <field> for its values; anything else is computed (listed by hand)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _texts(node.body) + _texts(node.orelse)
+    if isinstance(node, ast.JoinedStr):
+        return ["".join(v.value if isinstance(v, ast.Constant) else f"<{_name(v.value)}>" for v in node.values)]
+    return []
+
+
+def written_diagnoses() -> dict[str, str]:
+    """Diagnosis -> where chaos/ writes it: the ``diagnosis`` of every Verdict and per-rank
+    judgement (whose diagnosis the resume verdict takes) not built as a pass, and every
+    value assigned to a name ``diagnosis``."""
+    classes = {"Verdict": verify.Verdict, "_RankJudgement": verify._RankJudgement}
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "chaos").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _name(node.func) in classes:
+                fields = [f.name for f in dataclasses.fields(classes[_name(node.func)])]
+                args = dict(zip(fields, node.args)) | {k.arg: k.value for k in node.keywords}
+                status = args.get("status")
+                if isinstance(status, ast.Constant) and status.value in ("pass", "n/a"):
+                    continue
+                value = args.get("diagnosis")
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "diagnosis"
+                                                      for t in node.targets):
+                value = node.value
+            else:
+                continue
+            for text in _texts(value):
+                found.setdefault(text, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_diagnosis_a_verdict_gives_is_listed():
+    written = written_diagnoses()
+    # a search that stopped finding them would pass on nothing
+    assert "restarted from scratch" in written and "head loss: <outcome>" in written, written
+    unlisted = {text: where for text, where in written.items() if text not in verify.DIAGNOSES}
+    assert not unlisted, ("diagnoses missing from DIAGNOSES in chaos/verify.py (then give each its row in "
+                          f"docs/testing.md): {unlisted}")
+
+
+def test_every_mapped_test_is_collected(rows, collected):
+    unknown = [f"{r.name} (line {r.line}): {i}" for r in rows for i in r.per_commit + r.integration
+               if i not in collected]
+    assert not unknown, "docs/testing.md names tests pytest does not collect:\n" + "\n".join(unknown)
+
+
+def per_commit(markers: list[str]) -> bool:
+    """What .ci/run runs: not a test marked integration, not a suite marked extended."""
+    return not {"integration", "extended"} & set(markers)
+
+
+def test_each_column_names_tests_of_its_tier(rows, collected):
+    misplaced = [f"{r.name} (line {r.line}): {i} in the {column} column, but its markers are {collected[i]}"
+                 for r in rows for column, ids in (("per-commit", r.per_commit), ("integration", r.integration))
+                 for i in ids if i in collected and per_commit(collected[i]) != (column == "per-commit")]
+    assert not misplaced, "docs/testing.md puts tests in the wrong column:\n" + "\n".join(misplaced)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_row_is_checked_per_commit(rows, section):
+    """A fault kind, budget class or diagnosis that no per-commit test checks is a gap (one
+    not built yet is marked planned instead)."""
+    mine = [r for r in rows if r.section == section]
+    assert mine, f"{DOC.name}, ## {section}: no rows read"  # a parser that found none would pass on nothing
+    gaps = [f"## {r.section}: `{r.name}` (line {r.line}): per-commit cell is {r.per_commit_cell or 'empty'!r}"
+            for r in mine if not r.per_commit and not r.planned]
+    assert not gaps, ("docs/testing.md names no per-commit test for these rows (write one: a unit test on a "
+                      "recorded timeline will do; or mark a kind not built yet planned):\n" + "\n".join(gaps))
