@@ -194,12 +194,21 @@ def live_reporter(config) -> Reporter:
     stream = (lambda: sys.stderr) if worker else (lambda: sys.stdout)
     prefix = f"[{worker}] " if worker else ""
 
+    def write(line: str) -> None:
+        # One write per line, newline included: the workers share the terminal's stderr, and
+        # execnet starts them with ``python -u`` (as PYTHONUNBUFFERED=1 does any process), where
+        # print() is two writes, the text and then "\n", so two workers' lines could merge
+        # into one ("[gw1] ... a[gw0] ... b").  A pipe write of at most PIPE_BUF bytes is atomic.
+        out = stream()
+        out.write(prefix + line + "\n")
+        out.flush()
+
     def echo(text: str) -> None:
         if capman is None:
-            print(prefix + text, file=stream(), flush=True)
+            write(text)
             return
         with capman.global_and_fixture_disabled():
-            print(prefix + text, file=stream(), flush=True)
+            write(text)
 
     return Reporter(echo=echo)
 

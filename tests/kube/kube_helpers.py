@@ -85,6 +85,19 @@ class Kubectl:
         return subprocess.run([self.binary, *args], env=self.env(), input=stdin, capture_output=True, text=True,
                               timeout=timeout)
 
+    def exec_script(self, pod: str, script: str, *options: str) -> subprocess.CompletedProcess:
+        """``kubectl exec -i POD OPTIONS -- sh -c SCRIPT``, SCRIPT started by kubectl's first line of stdin.
+
+        Every bundled kubectl (1.30-1.33: client-go before kubernetes/kubernetes#131203) starts
+        reading the WebSocket before it has created its stdout/stderr/error streams and drops
+        what arrives in between ("Unknown stream id 1, discarding message"; with the exit
+        Status dropped too, "error: closed all streams" and exit 1).  A command that answers at
+        once loses that race now and then on a loaded machine.  kubectl sends stdin only once
+        all its streams exist, so a script that first reads a line of it cannot answer early.
+        """
+        return self.run("exec", "-i", pod, *options, "--", "sh", "-c", f"read -r _streams_ready; {script}",
+                        stdin="\n")
+
 
 
 def make_kubectl(binary: str | Path, server: ApiServer, tmp_path: Path, name: str) -> Kubectl:

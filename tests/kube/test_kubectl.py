@@ -168,11 +168,11 @@ def test_exec_exit_code_and_stream_separation(server, which, request):
     kubectl = request.getfixturevalue(which)
     add_node(server, "n1")
     add_pod(server, "w", "n1", WORKER)
-    failed = kubectl.run("exec", "w", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
-    assert failed.returncode == 3
+    failed = kubectl.exec_script("w", "echo out; echo err >&2; exit 3")
+    assert failed.returncode == 3, failed.stderr
     assert failed.stdout == "out\n"
     assert failed.stderr.startswith("err\n") and "command terminated with exit code 3" in failed.stderr
-    ok = kubectl.run("exec", "w", "-c", "ray", "--", "sh", "-c", "printf hello")
+    ok = kubectl.exec_script("w", "printf hello", "-c", "ray")
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, "hello", "")
     upgrades = [upgrade for m, path, _, upgrade in server.requests if "/exec?" in path]
     assert upgrades == ["websocket", "websocket"]
@@ -227,8 +227,8 @@ def test_exec_over_websocket_with_every_bundled_kubectl_from_130(server, tmp_pat
     kubectl = make_kubectl(bundled_kubectl(minor), server, tmp_path, f"1{minor}")
     add_node(server, "n1")
     add_pod(server, "w", "n1", WORKER)
-    result = kubectl.run("exec", "w", "--", "sh", "-c", "echo out; exit 7")
-    assert (result.returncode, result.stdout) == (7, "out\n")
+    result = kubectl.exec_script("w", "echo out; exit 7")
+    assert (result.returncode, result.stdout) == (7, "out\n"), result.stderr
     assert [upgrade for _, path, _, upgrade in server.requests if "/exec?" in path] == ["websocket"]
 
 

@@ -253,10 +253,10 @@ def test_exec_through_the_python_client_and_kubectl(server, kubelet, network, ku
     resp.run_forever(timeout=10)
     assert resp.returncode == 5
     assert resp.read_stdout().split() == ["kl-b", host.boot_id, "kl-b"]
-    result = kubectl.run("exec", "w", "--", "sh", "-c", "hostname; echo err >&2; exit 6")
-    assert (result.returncode, result.stdout, result.stderr.splitlines()[0]) == (6, "kl-b\n", "err")
-    ok = kubectl.run("exec", "w", "--", "cat", "/proc/1/cmdline")
-    assert ok.returncode == 0 and "testhost_init" in ok.stdout  # PID 1 of the exec is the host's init
+    result = kubectl.exec_script("w", "hostname; echo err >&2; exit 6")
+    assert (result.returncode, result.stdout, result.stderr.splitlines()[0]) == (6, "kl-b\n", "err"), result.stderr
+    ok = kubectl.exec_script("w", "cat /proc/1/cmdline")
+    assert ok.returncode == 0 and "testhost_init" in ok.stdout, ok  # PID 1 of the exec is the host's init
 
 
 def test_exec_is_refused_in_a_pod_that_is_not_running(server):

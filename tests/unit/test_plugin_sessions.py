@@ -1,6 +1,7 @@
 """The plugin's session plumbing: which cluster a test gets, the xdist slots, and
 progress lines that reach the terminal from xdist workers."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -78,22 +79,34 @@ def test_one_cluster_open_at_a_time_and_a_failed_start_is_not_retried():
 
 
 def test_progress_lines_reach_the_terminal_from_xdist_workers(tmp_path):
-    (tmp_path / "test_progress.py").write_text(textwrap.dedent("""
+    """Both workers report at once, and every line still arrives whole: execnet starts the
+    workers with ``python -u``, where a print() is two writes (the text, then the newline),
+    so lines from two workers used to merge now and then ("[gw1] ... a 825[gw0] ... b 706")."""
+    lines_per_test = 2000
+    (tmp_path / "test_progress.py").write_text(textwrap.dedent(f"""
         from chaos.pytest_plugin import live_reporter
 
         def test_a(request):
-            live_reporter(request.config).say("progress of a")
+            reporter = live_reporter(request.config)
+            for i in range({lines_per_test}):
+                reporter.say(f"progress of a {{i}}")
 
         def test_b(request):
-            live_reporter(request.config).say("progress of b")
+            reporter = live_reporter(request.config)
+            for i in range({lines_per_test}):
+                reporter.say(f"progress of b {{i}}")
     """))
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q",
                            str(tmp_path / "test_progress.py")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stderr.splitlines()
+    progress = [line for line in done.stderr.splitlines() if "progress of" in line]
+    whole = re.compile(r"\[gw\d+\] \[chaos \d\d:\d\d:\d\d\] progress of [ab] \d+")
+    broken = [line for line in progress if not whole.fullmatch(line)]
+    assert not broken, f"{len(broken)} of {len(progress)} progress lines not whole, e.g. {broken[:3]}"
     for name in ("a", "b"):
-        assert any(line.startswith("[gw") and line.endswith(f"progress of {name}") for line in lines), done.stderr
+        numbers = [int(line.rsplit(" ", 1)[1]) for line in progress if f" progress of {name} " in line]
+        assert numbers == list(range(lines_per_test)), f"test_{name}'s progress lines: {numbers[:5]}...{numbers[-5:]}"
 
 
 ROOT = Path(__file__).resolve().parents[2]
