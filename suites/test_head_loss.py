@@ -32,17 +32,19 @@ def slo(request):
     return request.config.getoption("chaos_slo_recover")
 
 
-def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, request):
-    """GCS fault tolerance on.  The GCS is killed after the first checkpoint: the head
-    restarts, the worker nodes stay, the run is lost with its driver and charged nothing;
-    resubmitted, it resumes from the latest checkpoint.  Then Redis is restarted under the
-    resubmitted run: the GCS goes down with it, with the same outcome, and the third
+def test_gcs_kill_redis_restart_and_head_reboot_with_fault_tolerance(chaos_head_loss, request):
+    """GCS fault tolerance on, one cluster, every head fault in turn under one run and its
+    resubmissions.  The GCS is killed after the first checkpoint: the head restarts, the
+    worker nodes stay, the run is lost with its driver and charged nothing; resubmitted, it
+    resumes from the latest checkpoint.  Then Redis is restarted under the resubmitted run
+    (the GCS goes down with it), then every process of the head is killed at once (its
+    machine lost power) and started again: each time the same outcome, and the last
     submission resumes again and finishes."""
-    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request, steps=50))
+    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request, steps=60))
     exp.submit()
     exp.wait_checkpoint(timeout=180)
     verdicts = []
-    for fault in ("gcs-kill", "redis-restart"):
+    for fault in ("gcs-kill", "redis-restart", "head-reboot"):
         lost_run = exp.run_ids()[-1]
         loss = exp.inject(fault)
         verdicts += [verify.head_loss_outcome(loss, "driver-lost"), verify.workers_after_head_loss(loss, kept=True)]
@@ -53,23 +55,6 @@ def test_gcs_kill_and_redis_restart_with_fault_tolerance(chaos_head_loss, reques
     exp.wait_finished(timeout=180)
     verdicts.append(verify.within_budget(exp.timeline, Expectation(charged={})))
     exp.judge(verdicts)
-
-
-def test_head_reboot_with_fault_tolerance(chaos_head_loss, request):
-    """Every process of the head killed at once (its machine lost power) and started again:
-    with GCS fault tolerance, the same as a GCS crash — the worker nodes stay, the run is
-    lost with its driver, and a resubmission resumes from the latest checkpoint."""
-    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request))
-    exp.submit()
-    exp.wait_checkpoint(timeout=180)
-    lost_run = exp.run_ids()[-1]
-    loss = exp.inject("head-reboot")
-    exp.submit()
-    exp.wait_finished(timeout=180)
-    exp.judge([verify.head_loss_outcome(loss, "driver-lost"), verify.workers_after_head_loss(loss, kept=True),
-               *verify.resumed_after_resubmission(exp.timeline, lost_run, exp.run_ids()[-1]),
-               verify.reports_resumed(exp.timeline, loss, slo(request)),
-               verify.within_budget(exp.timeline, Expectation(charged={}))])
 
 
 @pytest.mark.extended
