@@ -14,6 +14,7 @@ from chaos.triggers import AfterCheckpoint
 pytestmark = pytest.mark.chaos
 
 
+@pytest.mark.extended
 def test_raylet_kill_ends_in_the_fault_free_final_state(chaos):
     """2 ranks on 3 hosts, a raylet kill after checkpoint 2: besides a correct resume, every
     rank's final step and state (the reference workload's state_digest of its weights and

@@ -50,6 +50,7 @@ def test_two_raylet_kills_in_one_run(chaos):
     outcome.assert_verdicts()
 
 
+@pytest.mark.extended
 def test_budget_exhaustion_ends_in_clean_failure(chaos):
     """max_failures=0: one kill must end the run ERRORED, charged to max_failures — not hang."""
     outcome = chaos.run(
