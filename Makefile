@@ -31,7 +31,8 @@ node_modules/.installed: package.json package-lock.json
 #                     hosts, report.  What to run on every change.
 #   make chaos        the chaos suites on the embedded clusters: every catalog fault kind and
 #                     budget class once (suites marked `extended` are left to make
-#                     integration), then the README's own-script command as a user runs it.
+#                     integration), then the README's own-script command as a user runs it,
+#                     then a short seeded campaign (make soak DURATION=$(CHAOS_SOAK)).
 #   make integration  the rest on real clusters (not in CI): extended suites, user and
 #                     framework scripts in their own sessions, profile stand-ins, SIGTERM/
 #                     SIGKILL + sweep sessions; re-records tests/contract/fixtures.
@@ -41,17 +42,20 @@ node_modules/.installed: package.json package-lock.json
 # cores cluster starts under that load can miss Ray's fixed wait for the dashboard agent;
 # README).  "No tests selected" (exit 5, e.g. with ARGS="-k ...") is not a failure.
 JOBS ?= 1
+# The campaign make chaos ends with: 180 s is the shortest run two faults fit into.
+CHAOS_SOAK ?= 180
 XDIST = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile)
 chaos: setup
 	$(PYTEST) -m "chaos and not extended" suites $(call XDIST,$(JOBS)) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
 	$(MAKE) --no-print-directory own-script
+	$(MAKE) --no-print-directory soak DURATION=$(CHAOS_SOAK) ARGS=
 
 # The README's "Your own training script" command, literally (a test checks they agree).
 own-script: setup
 	.venv/bin/pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity --chaos-workload "python my_train.py" --chaos-workload-dir examples/workloads --alluredir $(ALLURE)
 
-# The seeded fault campaign (suites/test_campaign.py, marker soak; never part of make chaos):
+# The seeded fault campaign (suites/test_campaign.py, marker soak; make chaos ends with a short one):
 # one run of about DURATION seconds through a schedule drawn from --chaos-seed, e.g.
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)

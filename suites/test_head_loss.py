@@ -40,7 +40,7 @@ def test_gcs_kill_redis_restart_and_head_reboot_with_fault_tolerance(chaos_head_
     (the GCS goes down with it), then every process of the head is killed at once (its
     machine lost power) and started again: each time the same outcome, and the last
     submission resumes again and finishes."""
-    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request, steps=60))
+    exp = chaos_head_loss(gcs_ft=True, spec=head_loss_run(request, steps=30))
     exp.submit()
     exp.wait_checkpoint(timeout=180)
     verdicts = []

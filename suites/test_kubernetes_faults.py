@@ -20,7 +20,7 @@ import allure
 import pytest
 
 from chaos.faults.raylet import RayletKill
-from chaos.triggers import AfterCheckpoint
+from chaos.triggers import AfterCheckpoint, AtStep
 
 pytestmark = [pytest.mark.chaos, pytest.mark.kubernetes]
 
@@ -31,68 +31,65 @@ def attach_evidence(outcome):
                       attachment_type=allure.attachment_type.JSON)
 
 
-def assert_only_wrong_class(outcome):
-    """Everything holds but the budget class: Ray charged max_failures for a preemption."""
+def assert_only_wrong_class(outcome, n):
+    """Everything holds but the budget class: Ray charged max_failures for ``n`` preemptions."""
     budget = outcome.verdict("within-budget")
     assert budget.status == "fail" and budget.diagnosis == "charged to the wrong budget class", budget.line()
-    assert "'worker_group': 1" in budget.message, budget.message
+    assert f"'worker_group': {n}" in budget.message, budget.message
     others = [v.line() for v in outcome.verdicts if v is not budget and v.fails()]
     assert not others, others
 
 
-def test_hard_pod_delete_is_a_worker_failure(chaos):
-    """``kubectl delete pod --grace-period=0 --force`` of rank 1's pod: the node dies at once,
-    Train restarts on the spare node, KubeRay replaces the pod (a new name)."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
-                        faults=[(AfterCheckpoint(2), chaos.pod_delete(rank=1))])
+def test_hard_pod_delete_hyperpod_reboot_and_replace(chaos):
+    """Three node losses in one run, each charged to max_failures, each restart on the spare
+    node.  ``kubectl delete pod --grace-period=0 --force`` of rank 1's pod: KubeRay replaces
+    the pod (a new name).  The HyperPod reboot label on rank 1's node: its pod dies with it
+    and the node comes back (new boot id) with a new Ray pod.  The replacement label: the
+    node object goes and a new node (new name) joins."""
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=40, checkpoint_every=5),
+                        faults=[(AfterCheckpoint(2), chaos.pod_delete(rank=1)),
+                                (AfterCheckpoint(4), chaos.hyperpod_reboot(rank=1, recover_timeout_s=120)),
+                                (AfterCheckpoint(6), chaos.hyperpod_replace(rank=1, recover_timeout_s=120))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
-    [inj] = outcome.injections
-    deleted = inj.evidence["pod"].split("/", 1)[1]
-    assert deleted in inj.evidence["pods_before"] and deleted not in inj.evidence["pods_after"], inj.evidence
+    assert [i.fault.kind for i in outcome.injections] == ["pod-delete", "hyperpod-reboot", "node-replace"], \
+        [i.fault.kind for i in outcome.injections]
+    deleted, rebooted, replaced = outcome.injections
+    pod = deleted.evidence["pod"].split("/", 1)[1]
+    assert pod in deleted.evidence["pods_before"] and pod not in deleted.evidence["pods_after"], deleted.evidence
+    assert rebooted.evidence["boot_id_after"] != rebooted.evidence["boot_id_before"], rebooted.evidence
+    assert replaced.evidence["new_node"] and replaced.evidence["new_node"] != replaced.evidence["node"], \
+        replaced.evidence
 
 
-def test_graceful_pod_delete_killed_inside_the_drain_window(chaos):
-    """A graceful delete: Train hears the drain (PREEMPTING), the kubelet's SIGKILL comes
-    before Ray's window ends, and Ray 2.60 charges max_failures (see the module docstring)."""
+def test_graceful_delete_eviction_and_drain_killed_inside_the_drain_window(chaos):
+    """The three graceful removals of rank 1's pod, one after another in one run: a graceful
+    delete, an eviction through the Eviction API (what a drain does per pod), then
+    ``kubectl drain`` of its node (cordoned, the replacement pod Pending until the revert
+    uncordons it).  Each time Train hears the drain (PREEMPTING), the kubelet's SIGKILL comes
+    before Ray's window ends, and Ray 2.60 charges max_failures (see the module docstring).
+    Training goes on while a node drains (8 s, up to 27 steps of 0.3 s), so each later fault
+    waits for its step in the attempt after the previous restart."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=1, max_preemption_failures=2, steps=40, checkpoint_every=5),
-        faults=[(AfterCheckpoint(2), chaos.pod_delete_graceful(rank=1))])
+        chaos.workload(num_workers=2, max_failures=3, max_preemption_failures=3, steps=110, checkpoint_every=5),
+        faults=[(AfterCheckpoint(2), chaos.pod_delete_graceful(rank=1)),
+                (AtStep(45, fresh=True), chaos.pod_evict(rank=1)),
+                (AtStep(80, fresh=True), chaos.node_drain(rank=1))])
     attach_evidence(outcome)
-    [inj] = outcome.injections
-    assert inj.evidence["sigkill_inside_window"] is True, inj.evidence
+    assert [i.fault.kind for i in outcome.injections] == ["pod-delete-graceful", "pod-evict", "drain"], \
+        [i.fault.kind for i in outcome.injections]
+    graceful, evicted, drained = outcome.injections
+    assert graceful.evidence["sigkill_inside_window"] is True, graceful.evidence
+    assert evicted.evidence["eviction_attempts"] >= 1 and evicted.evidence["sigkill_inside_window"] is True, \
+        evicted.evidence
     states = [e.data.get("cur") for e in outcome.timeline.of("state_changed")]
-    assert "PREEMPTING" in states, f"Train never saw the drain notice: states {states}"
-    assert_only_wrong_class(outcome)
+    assert states.count("PREEMPTING") >= 3, f"Train did not see each drain notice: states {states}"
+    assert_only_wrong_class(outcome, 3)
+    node = chaos.env.backend.kube.node(drained.evidence["node"])
+    assert not (node.get("spec") or {}).get("unschedulable"), f"{drained.evidence['node']} is still cordoned"
 
 
-def test_pod_eviction_killed_inside_the_drain_window(chaos):
-    """An eviction of rank 1's pod through the Eviction API (what a drain does per pod):
-    graceful, so as above — Train hears the drain, Ray 2.60 charges max_failures."""
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=1, max_preemption_failures=2, steps=40, checkpoint_every=5),
-        faults=[(AfterCheckpoint(2), chaos.pod_evict(rank=1))])
-    attach_evidence(outcome)
-    [inj] = outcome.injections
-    assert inj.evidence["eviction_attempts"] >= 1 and inj.evidence["sigkill_inside_window"] is True, inj.evidence
-    states = [e.data.get("cur") for e in outcome.timeline.of("state_changed")]
-    assert "PREEMPTING" in states, f"Train never saw the drain notice: states {states}"
-    assert_only_wrong_class(outcome)
-
-
-def test_node_drain_evicts_and_is_uncordoned_on_revert(chaos):
-    """``kubectl drain`` of rank 1's node: cordoned, its Ray pod evicted (graceful, so as
-    above), the replacement pod Pending until the revert uncordons the node."""
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=1, max_preemption_failures=2, steps=40, checkpoint_every=5),
-        faults=[(AfterCheckpoint(2), chaos.node_drain(rank=1))])
-    attach_evidence(outcome)
-    assert_only_wrong_class(outcome)
-    [inj] = outcome.injections
-    node = chaos.env.backend.kube.node(inj.evidence["node"])
-    assert not (node.get("spec") or {}).get("unschedulable"), f"{inj.evidence['node']} is still cordoned"
-
-
+@pytest.mark.extended
 def test_hyperpod_reboot_by_label_without_spare_capacity(chaos):
     """Every worker node runs a rank; the node-health label reboots rank 1's node: its pod
     dies with it, training waits until the node is back (new boot id) with a new Ray pod."""
@@ -103,17 +100,6 @@ def test_hyperpod_reboot_by_label_without_spare_capacity(chaos):
     outcome.assert_verdicts()
     [inj] = outcome.injections
     assert inj.evidence["boot_id_after"] != inj.evidence["boot_id_before"], inj.evidence
-
-
-def test_hyperpod_replace_by_label(chaos):
-    """The replacement label: the node object goes, a new node (new name) joins, Train
-    resumes on the spare node meanwhile."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
-                        faults=[(AfterCheckpoint(2), chaos.hyperpod_replace(rank=1, recover_timeout_s=120))])
-    attach_evidence(outcome)
-    outcome.assert_verdicts()
-    [inj] = outcome.injections
-    assert inj.evidence["new_node"] and inj.evidence["new_node"] != inj.evidence["node"], inj.evidence
 
 
 @pytest.mark.extended

@@ -7,6 +7,8 @@ hosts with ssh access.  The expected charge (one worker-group failure per fault)
 SLOs follow from the faults and the profile.
 """
 
+import warnings
+
 import pytest
 
 from chaos.faults.partition import Partition
@@ -109,23 +111,25 @@ def test_raylet_sigkill_over_ssh(chaos, hosts):
     assert_reverted(outcome)
 
 
-def test_rank_kill_over_ssh(chaos, hosts):
-    """Rank 1's PID is gone from its host, and the next attempt runs rank 1 in a new process."""
-    outcome = chaos.run(workload(chaos), faults=[(AfterCheckpoint(2), TrainWorkerKill(rank=1))])
+def test_rank_kill_then_partition_over_ssh(chaos, hosts):
+    """Two faults on rank 1 in one run, each charged to max_failures.  A SIGKILL of the rank's
+    process: its PID is gone from its host and the next attempt runs rank 1 in a new
+    process.  Then its host cut off the network until Ray declares the node dead, healed
+    out of band through the host's console (skipped, saying so, where there is none)."""
+    faults = [(AfterCheckpoint(2), TrainWorkerKill(rank=1))]
+    console = chaos.env.backend.host(hosts[0].node_id).console is not None
+    if console:
+        faults.append((AfterCheckpoint(4), Partition(rank=1)))
+    else:
+        warnings.warn("no host console (a partition is healed out of band): the rank kill only")
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5), faults=faults)
     outcome.assert_verdicts()
-    [inj] = outcome.injections
-    assert pid_state(inj, inj.target.pid) == "gone", (
-        f"rank 1's PID {inj.target.pid} still runs on {inj.host.name or inj.host.key} after SIGKILL")
-    assert_rank_moved(outcome, inj)
-    assert_reverted(outcome)
-
-
-def test_partition_until_dead_then_heal(chaos, hosts):
-    if chaos.env.backend.host(hosts[0].node_id).console is None:
-        pytest.skip("a partition is healed out of band: needs a host console (embedded test hosts)")
-    outcome = chaos.run(workload(chaos), faults=[(AfterCheckpoint(2), Partition(rank=1))])
-    outcome.assert_verdicts()
-    assert outcome.timeline.first("partition_healed") is not None
-    [inj] = outcome.injections
-    assert not inj.host.console.is_partitioned(), "partition rules still in place"
+    killed = outcome.injections[0]
+    assert pid_state(killed, killed.target.pid) == "gone", (
+        f"rank 1's PID {killed.target.pid} still runs on {killed.host.name or killed.host.key} after SIGKILL")
+    assert_rank_moved(outcome, killed)
+    if console:
+        partitioned = outcome.injections[1]
+        assert outcome.timeline.first("partition_healed") is not None
+        assert not partitioned.host.console.is_partitioned(), "partition rules still in place"
     assert_reverted(outcome)

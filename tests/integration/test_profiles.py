@@ -159,7 +159,7 @@ def test_sigkilled_partition_is_healed_by_sweep_and_hosts_come_back(standin, tmp
     _, profile = standin
     if not _ssh_overrides(profile):
         pytest.skip("the stand-in runs plain processes (no root for test hosts): no partition to heal")
-    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_ssh_faults.py::test_partition_until_dead_then_heal"),
+    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_ssh_faults.py::test_rank_kill_then_partition_over_ssh"),
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         entry = _wait_injected(tmp_path / "ledger.jsonl", "partition")
