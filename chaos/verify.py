@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from chaos.errors import VerificationError
 from chaos.faults.catalog import limit_name
 from chaos.timeline import Event, Timeline, fault_groups, recovery_metrics, runs, steps_of
+from chaos.train.recording import AUTO_STEP_METRICS as AUTO_STEP_NAMES
 
 # A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
 STATE_RTOL = 1e-4
@@ -36,6 +38,8 @@ DIAGNOSES: tuple[str, ...] = (
     # resumed-from-latest (after a restart, or after a resubmission)
     "restarted from scratch", "resumed from an older checkpoint", "resumed past the checkpoint",
     "resumed at an unexpected step", "ranks disagree", "unverifiable: no step metric",
+    "unverifiable: step metric goes back", "unverifiable: no step after the restart",
+    "unverifiable: resumed at the checkpoint's own step",
     "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
     "unverifiable: no reporting stride", "unverifiable: run not recorded",
     "unverifiable: no attempt after resubmission",
@@ -122,14 +126,16 @@ class _RunReports:
         self.reports = [e for e in events if e.kind == "report"]
         self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"})
         self.stepped = [r for r in self.reports if steps_of(r)]
-        self.strides = self._strides()
 
-    def _strides(self) -> dict[int, Any]:
+    def strides_before(self, attempt: int) -> dict[int, Any]:
         """Per rank: the most common positive step difference between consecutive reports
-        of one attempt (the run's reporting stride)."""
+        of one attempt, from the attempts before ``attempt`` only — the attempt being judged
+        does not vote for the stride it is judged by."""
         diffs: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         last: dict[tuple[int, int], Any] = {}
         for r in self.stepped:
+            if r.attempt >= attempt:
+                continue
             for rank, step in steps_of(r).items():
                 prev = last.get((r.attempt, rank))
                 if prev is not None and step > prev:
@@ -139,6 +145,9 @@ class _RunReports:
 
     def first_of(self, attempt: int) -> Event | None:
         return next((r for r in self.stepped if r.attempt == attempt), None)
+
+    def of_attempt(self, attempt: int) -> list[Event]:
+        return [r for r in self.reports if r.attempt == attempt]
 
     def next_after(self, commit: Event, rank: int):
         """The step ``rank`` reported right after ``commit``, in the attempt that committed it."""
@@ -151,47 +160,102 @@ class _RunReports:
                 return steps_of(r)[rank]
         return None
 
-    def resume_points(self, commit: Event, rank: int) -> tuple[Any, Any, str] | None:
-        """(checkpoint step, expected next step, rule) for ``rank`` resuming from ``commit``."""
+    def resume_points(self, commit: Event, rank: int, attempt: int) -> tuple[Any, Any, str] | None:
+        """(checkpoint step, expected next step, rule) for ``rank`` resuming from ``commit``
+        in ``attempt``."""
         ck = steps_of(commit).get(rank)
         if ck is None:
             return None
         nxt = self.next_after(commit, rank)
         if nxt is not None:
             return ck, nxt, f"the step that followed checkpoint step {ck} in attempt {commit.attempt}'s reports"
-        stride = self.strides.get(rank)
+        stride = self.strides_before(attempt).get(rank)
         if stride is not None:
-            return ck, ck + stride, f"checkpoint step {ck} + the run's reporting stride {stride}"
-        return ck, None, f"no report followed checkpoint step {ck} and the run showed no reporting stride"
+            return ck, ck + stride, f"checkpoint step {ck} + the run's reporting stride {stride} before the fault"
+        return ck, None, f"no report followed checkpoint step {ck} and the reports before the fault showed no stride"
+
+    def recommitted(self, attempt: int, rank: int, commits: list[Event]) -> Any:
+        """The first step at which ``attempt`` committed a checkpoint ``rank`` had already
+        committed before it (work done twice), or None."""
+        done = {steps_of(c).get(rank) for c in commits} - {None}
+        for r in self.of_attempt(attempt):
+            step = steps_of(r).get(rank)
+            if r.data.get("checkpoint") and step is not None and _in(step, done):
+                return step
+        return None
+
+    def value_at(self, rank: int, step: Any, attempts: Callable[[int], bool]) -> tuple[int, float] | None:
+        """(attempt, state value) of the first report of ``rank`` at ``step`` in an attempt
+        ``attempts`` accepts."""
+        for r in self.stepped:
+            if attempts(r.attempt) and _same_step(steps_of(r).get(rank), step):
+                value = (r.data.get("states") or {}).get(str(rank))
+                if value is not None:
+                    return r.attempt, value
+        return None
+
+    def trained_after(self, attempt: int, rank: int, step: Any) -> Any:
+        """The first step ``rank`` reported in ``attempt`` beyond ``step``."""
+        return next((steps_of(r)[rank] for r in self.stepped if r.attempt == attempt
+                     and rank in steps_of(r) and steps_of(r)[rank] > step), None)
+
+    def going_back(self) -> tuple[int, int, Any, Any] | None:
+        """(attempt, rank, step, the smaller step after it): the first place where a rank's
+        step metric went back within one attempt — a counter that resets (an epoch-local
+        step) cannot tell a resume from a fresh start."""
+        last: dict[tuple[int, int], Any] = {}
+        for r in self.stepped:
+            for rank, step in steps_of(r).items():
+                prev = last.get((r.attempt, rank))
+                if prev is not None and step < prev and not _same_step(step, prev):
+                    return r.attempt, rank, prev, step
+                last[(r.attempt, rank)] = step
+        return None
 
     def ranks_agreed_before(self, attempt: int) -> bool:
         return all(len(set(steps_of(r).values())) <= 1 for r in self.stepped if r.attempt < attempt)
+
+
+STEP_TOL = 1e-9  # fractional (float) steps compare equal within this
+
+
+def _same_step(a: Any, b: Any) -> bool:
+    return a is not None and b is not None and abs(a - b) <= STEP_TOL * max(1.0, abs(a), abs(b))
+
+
+def _in(step: Any, steps: set) -> bool:
+    return any(_same_step(step, s) for s in steps)
+
+
+def _reproduces(value: float, earlier: float) -> bool:
+    return abs(value - earlier) <= STATE_ATOL + STATE_RTOL * abs(earlier)
 
 
 _SEVERITY = ["restarted from scratch", "resumed from an older checkpoint", "resumed past the checkpoint",
              "resumed at an unexpected step"]
 
 
-def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_step) -> _RankJudgement:
+def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_step, attempt: int) -> _RankJudgement:
     if not commits:
         rule = "no checkpoint existed yet, so a fresh start at the run's first step"
         if got == first_step:
             return _RankJudgement(rank, got, "pass", "no checkpoint existed yet", first_step, None, rule)
         return _RankJudgement(rank, got, "fail", "resumed at an unexpected step", first_step, None, rule,
                               f"no checkpoint existed yet, so step {first_step} was expected")
-    points = run.resume_points(commits[-1], rank)
+    points = run.resume_points(commits[-1], rank, attempt)
     if points is None:
         return _RankJudgement(rank, got, "unverifiable", "unverifiable: no step at the checkpoint",
                               why=f"the latest checkpoint's report carried no step for rank {rank}")
     ck, nxt, rule = points
-    if got == nxt or got == ck:
-        return _RankJudgement(rank, got, "pass", None, nxt, ck, rule if got == nxt else
-                              f"first report at the checkpoint's own step {ck} (evaluate after load)")
+    if _same_step(got, nxt):
+        return _RankJudgement(rank, got, "pass", None, nxt, ck, rule)
+    if _same_step(got, ck):
+        return _judge_at_checkpoint_step(run, rank, got, ck, nxt, attempt, commits)
     if nxt is None:
         return _RankJudgement(rank, got, "unverifiable", "unverifiable: no reporting stride", None, ck, rule, rule)
     older = []
     for c in commits[:-1]:
-        p = run.resume_points(c, rank)
+        p = run.resume_points(c, rank, attempt)
         if p is not None and got in (p[0], p[1]):
             older.append(p[0])
     if first_step is not None and got <= first_step:
@@ -207,6 +271,43 @@ def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_st
            "resumed past the checkpoint": f"steps {nxt}..{got} were skipped",
            "resumed at an unexpected step": f"expected {nxt}"}[diagnosis]
     return _RankJudgement(rank, got, "fail", diagnosis, nxt, ck, rule, why)
+
+
+def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt: int,
+                              commits: list[Event]) -> _RankJudgement:
+    """A first report at the checkpoint's own step is an evaluation after loading it, or step
+    ``ck`` trained again.  A checkpoint committed again at a step committed before is work
+    done twice; otherwise neither case reproduces step ``ck``'s earlier (pre-update) value,
+    so the first *trained* step after it decides — it must reproduce what an earlier
+    attempt reported for that step."""
+    again = run.recommitted(attempt, rank, commits)
+    if again is not None:
+        rule = f"attempt {attempt} committed checkpoint step {again} again"
+        if len({steps_of(c).get(rank) for c in commits} - {None}) == 1:  # no older checkpoint to come from
+            return _RankJudgement(rank, got, "fail", "restarted from scratch", nxt, ck, rule,
+                                  f"step {again}, the run's first checkpoint, was trained and committed again")
+        return _RankJudgement(rank, got, "fail", "resumed from an older checkpoint", nxt, ck, rule,
+                              f"steps {got}..{again} were trained again: step {again} had been committed before")
+    trained = run.trained_after(attempt, rank, ck)
+    earlier = run.value_at(rank, trained, lambda a: a < attempt) if trained is not None else None
+    now = run.value_at(rank, trained, lambda a: a == attempt) if trained is not None else None
+    rule = (f"a first report at checkpoint step {ck} is judged by the first trained step after it "
+            f"({trained if trained is not None else 'none reported'}) against an earlier attempt's value")
+    if earlier is None or now is None:
+        missing = ("the attempt reported no step after it" if trained is None else
+                   f"no state value at step {trained} in attempt {attempt}" if now is None else
+                   f"no earlier attempt reported step {trained} with a state value")
+        return _RankJudgement(rank, got, "unverifiable", "unverifiable: resumed at the checkpoint's own step", nxt,
+                              ck, rule, f"attempt {attempt} first reported step {ck}, the checkpoint's own step: an "
+                              f"evaluation after loading it, or step {ck} trained again — {missing} to tell which "
+                              "(report the training loss, or --chaos-state-metric NAME, and let the fault land "
+                              "after the step that follows a checkpoint is reported)")
+    (was_attempt, was), (_, value) = earlier, now
+    if not _reproduces(value, was):
+        return _RankJudgement(rank, got, "fail", "state not restored", nxt, ck, rule,
+                              f"step {trained} gave {value:.6g} in attempt {attempt} but {was:.6g} in attempt "
+                              f"{was_attempt}: step {ck} was trained again, or the state was not restored")
+    return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g}")
 
 
 def resumed_from_latest(timeline: Timeline) -> list[Verdict]:
@@ -237,6 +338,17 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
                         "unverifiable: the run reported no checkpoint to Ray Train, so no restart can be judged "
                         "(a script that saves checkpoints itself must also pass them to ray.train.report)",
                         "unverifiable: no checkpoint reported", {"reports": len(run.reports), "run_id": run_id})]
+    back = run.going_back()
+    if back is not None:
+        attempt, rank, prev, step = back
+        metric = _step_metric_of(started, run)
+        return [Verdict(f"resumed-from-latest ({label}run)", "unverifiable",
+                        f"unverifiable: step metric {metric!r} goes back: rank {rank} reported step {prev}, then "
+                        f"{step} in attempt {attempt}; a counter that resets (an epoch-local step) cannot tell a "
+                        "resume from a fresh start: report a step that only grows (e.g. global_step) and name it "
+                        "with --chaos-step-metric", "unverifiable: step metric goes back",
+                        {"run_id": run_id, "attempt": attempt, "rank": rank, "step_metric": metric,
+                         "steps": [prev, step]})]
     first_attempt = run.first_of(run.attempts[0])
     first_steps = steps_of(first_attempt) if first_attempt else {}
     verdicts, silent = [], []
@@ -244,10 +356,15 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
         first = run.first_of(attempt)
         name = f"resumed-from-latest ({label}attempt {attempt})"
         if first is None:
+            reported = run.of_attempt(attempt)
+            if reported:  # it trained and reported, but nothing says where it began
+                verdicts.append(_stepless(name, run_id, attempt, reported, _step_metric_of(started, run)))
+                silent = []
+                continue
             silent.append(attempt)  # never reported (failed while starting, or the run ended): judged by others
             continue
         commits = [r for r in run.reports if r.attempt < attempt and r.data.get("checkpoint")]
-        judged = [_judge_rank(run, rank, got, commits, first_steps.get(rank))
+        judged = [_judge_rank(run, rank, got, commits, first_steps.get(rank), attempt)
                   for rank, got in sorted(steps_of(first).items())]
         latest = commits[-1] if commits else None
         evidence = {
@@ -257,13 +374,35 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
             "committed_steps": [c.data.get("step") for c in commits],
             "first_step_of_attempt": first.data.get("step"),
             "first_steps_of_run": first_steps,
-            "reporting_stride": run.strides,
+            "reporting_stride": run.strides_before(attempt),
             "step_sources": first.data.get("step_sources"),
             "ranks": {j.rank: j.to_json() for j in judged},
         }
         verdicts.append(_combine(name, attempt, judged, latest, run.ranks_agreed_before(attempt), evidence))
         silent = []
     return verdicts
+
+
+def _step_metric_of(started: Event | None, run: _RunReports) -> str:
+    """The step metric the run's reports were read with (the name found, else the names tried)."""
+    used = next((r.data.get("step_metric") for r in run.stepped if r.data.get("step_metric")), None)
+    if used:
+        return used
+    data = started.data if started else {}
+    return ", ".join(data.get("step_metric_names") or [data.get("step_metric", "step")])
+
+
+def _stepless(name: str, run_id: str, attempt: int, reported: list[Event], metric: str) -> Verdict:
+    """A resumed attempt that reported without a step: never a pass, and never skipped."""
+    keys = sorted({k for r in reported for k in (r.data.get("metrics") or {})})
+    renamed = [k for k in keys if k in AUTO_STEP_NAMES and k != metric]
+    msg = (f"unverifiable: attempt {attempt} reported {len(reported)} time(s) without the step metric {metric!r} "
+           f"(it reported {', '.join(repr(k) for k in keys) or 'no metrics'})")
+    if renamed:
+        msg += f"; the step metric changed name between attempts: {metric!r} before, {renamed[0]!r} now"
+    return Verdict(name, "unverifiable", msg, "unverifiable: no step after the restart",
+                   {"run_id": run_id, "attempt": attempt, "reports": len(reported), "metrics": keys,
+                    "step_metric": metric})
 
 
 def resumed_after_resubmission(timeline: Timeline, lost_run: str, new_run: str) -> list[Verdict]:
@@ -280,10 +419,14 @@ def resumed_after_resubmission(timeline: Timeline, lost_run: str, new_run: str) 
     renumbered = [e if e.attempt is None else dataclasses.replace(e, data={**e.data, "attempt": e.attempt + offset})
                   for e in by_id[new_run]]
     merged = lost + [e for e in renumbered if e.kind in ("attempt_started", "report")]
-    verdicts = _resumes_of_run(timeline, lost_run, merged, "resubmission, ")
+    # Only the resubmission's attempts: a restart inside the lost run is not its resume.
+    verdicts = [v for v in _resumes_of_run(timeline, lost_run, merged, "resubmission, ")
+                if v.evidence.get("attempt", offset) >= offset]
     if not verdicts:
+        started = any(e.kind == "attempt_started" for e in by_id[new_run])
+        what = "started an attempt but never reported" if started else "never started an attempt"
         return [Verdict("resumed-from-latest (after resubmission)", "unverifiable",
-                        "unverifiable: the resubmitted run never started an attempt",
+                        f"unverifiable: the resubmitted run {what}",
                         "unverifiable: no attempt after resubmission", {"new_run": new_run})]
     for v in verdicts:
         v.evidence.update(lost_run=lost_run, new_run=new_run, attempt_offset=offset)
@@ -377,17 +520,17 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
             if latest is not None:
                 head += f"; {ck_desc}"
         return Verdict(name, "fail", f"{head} (rule: {lead.rule})", lead.diagnosis, evidence)
-    unsure = [j for j in judged if j.status == "unverifiable"]
-    if unsure:
-        evidence["rule"] = unsure[0].rule
-        return Verdict(name, "unverifiable", f"unverifiable: attempt {attempt}, rank {unsure[0].rank}: {unsure[0].why}",
-                       unsure[0].diagnosis, evidence)
     starts = {j.rank: j.got for j in judged}
     if len(set(starts.values())) > 1 and agreed:
         evidence["rule"] = "ranks reported the same step before the restart"
         parts = ", ".join(f"rank {r} at step {s}" for r, s in starts.items())
         return Verdict(name, "fail", f"ranks disagree: after the restart attempt {attempt} began with {parts}, "
                        "although the ranks reported the same steps before it", "ranks disagree", evidence)
+    unsure = [j for j in judged if j.status == "unverifiable"]
+    if unsure:
+        evidence["rule"] = unsure[0].rule
+        return Verdict(name, "unverifiable", f"unverifiable: attempt {attempt}, rank {unsure[0].rank}: {unsure[0].why}",
+                       unsure[0].diagnosis, evidence)
     j = judged[0]
     evidence["rule"] = j.rule
     every = f" on every rank ({len(judged)})" if len(judged) > 1 else ""
@@ -395,7 +538,8 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
         return Verdict(name, "pass", f"no checkpoint existed yet: attempt {attempt} correctly started from step "
                        f"{j.got}{every}", "no checkpoint existed yet", evidence)
     if j.got == j.checkpoint_step:
-        how = f"at the latest checkpoint's own step ({j.checkpoint_step}), evaluating after loading it"
+        how = (f"at the latest checkpoint's own step ({j.checkpoint_step}), evaluating after loading it: the "
+               "step trained after it reproduced the earlier attempt's value")
     else:
         how = f"right after the latest checkpoint (step {j.checkpoint_step})"
     return Verdict(name, "pass", f"attempt {attempt} resumed at step {j.got}, {how}{every} (rule: {j.rule})",

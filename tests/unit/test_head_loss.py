@@ -51,6 +51,16 @@ def lost_then_resubmitted(started):
     return (s.start_attempt().steps(11, 20).finish() if started else s.finish("ERRORED")).timeline()
 
 
+def test_a_restart_inside_the_lost_run_is_not_the_resubmission_resume():
+    # the lost run restarted once on its own (resumed right), then lost its driver; the
+    # resubmission started an attempt and never reported: nothing says how it resumed
+    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 14)
+         .new_run().start_attempt())
+    [v] = resumed_after_resubmission(s.finish("ERRORED").timeline(), "run1", "run2")
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no attempt after resubmission", v.line()
+    assert v.message == "unverifiable: the resubmitted run started an attempt but never reported"
+
+
 def test_a_resubmission_that_never_started_an_attempt_is_unverifiable():
     [v] = resumed_after_resubmission(lost_then_resubmitted(started=False), "run1", "run2")
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no attempt after resubmission", v.line()

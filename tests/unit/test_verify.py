@@ -175,11 +175,59 @@ def test_every_report_a_checkpoint_uses_the_reporting_stride():
     assert "reporting stride 5" in v.evidence["rule"]
 
 
-def test_first_report_at_the_checkpoint_step_is_evaluate_after_load():
-    tl = (Script().start_attempt().steps(1, 12).fault().decision()
-          .start_attempt().steps(10, 20).finish().timeline())
+def train_loss(rank, step):
+    """A deterministic training loss per (rank, step)."""
+    return 10.0 / step + rank
+
+
+def evaluated_or_retrained(before_fault, first_step_after, every_after=5, state_after=train_loss):
+    """Steps 1..``before_fault`` (a checkpoint every 5th), the fault, then an attempt whose
+    first report is step 10 — the checkpoint's own step — with an evaluation's value, and
+    steps ``first_step_after``.. trained with ``state_after``."""
+    s = Script().start_attempt().steps(1, before_fault, state=train_loss).fault().decision().start_attempt()
+    s.report({0: 10, 1: 10}, states={0: 99.0, 1: 99.0})
+    return s.steps(first_step_after, 20, every=every_after, state=state_after).finish().timeline()
+
+
+def test_first_report_at_the_checkpoint_step_passes_when_the_next_trained_step_reproduces():
+    # evaluate after load: step 11 (trained after it) gives what attempt 0 gave for step 11
+    [v] = resumed_from_latest(evaluated_or_retrained(12, 11))
+    assert v.status == "pass", v.line()
+    assert "at the latest checkpoint's own step (10), evaluating after loading it" in v.message
+    assert "step 11 reproduced" in v.evidence["rule"]
+
+
+def test_a_retrained_checkpoint_step_fails_by_the_next_step_value_or_the_second_commit():
+    # range(ck, N): step 10 trained again, so step 11 does not reproduce attempt 0's value
+    [v] = resumed_from_latest(evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1))
+    assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
+    assert "step 11 gave" in v.message and "step 10 was trained again, or the state was not restored" in v.message
+    # the re-trained step commits its checkpoint again: work done twice, whatever the values
+    tl = (Script().start_attempt().steps(1, 12, state=train_loss).fault().decision().start_attempt()
+          .steps(10, 20, state=train_loss).finish().timeline())
     [v] = resumed_from_latest(tl)
-    assert v.status == "pass" and "at the latest checkpoint's own step (10)" in v.message
+    assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
+    assert "steps 10..10 were trained again: step 10 had been committed before" in v.message
+
+
+def test_first_report_at_the_checkpoint_step_without_evidence_is_unverifiable_never_a_pass():
+    # the fault right after checkpoint 10: nothing before it says what step 11 should give
+    [v] = resumed_from_latest(evaluated_or_retrained(10, 11))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: resumed at the checkpoint's own step", v.line()
+    assert "no earlier attempt reported step 11 with a state value" in v.message
+    assert "--chaos-state-metric" in v.message
+    # no state metric at all: the same
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+          .report({0: 10, 1: 10}).steps(11, 20).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "unverifiable" and "no state value at step 11 in attempt 1" in v.message, v.line()
+
+
+def test_every_report_a_checkpoint_restart_at_the_first_checkpoint_step_is_a_restart_from_scratch():
+    # checkpoints on every report, the fault after the first: a start over commits step 5 again
+    [v] = resumed_from_latest(checkpoint_only_reports((5, 10)))
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+    assert "the run's first checkpoint, was trained and committed again" in v.message
 
 
 def test_gradient_accumulation_global_step_advancing_by_four():
@@ -283,18 +331,72 @@ def checkpoint_only_reports(resumed_steps):
 def test_no_report_after_the_checkpoint_and_no_stride_is_unverifiable():
     [v] = resumed_from_latest(checkpoint_only_reports((10, 10)))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
-    assert v.message == ("unverifiable: attempt 1, rank 0: no report followed checkpoint step 5 and the run "
-                         "showed no reporting stride")
+    assert v.message == ("unverifiable: attempt 1, rank 0: no report followed checkpoint step 5 and the reports "
+                         "before the fault showed no stride")
     assert v.evidence["reporting_stride"] == {}
     assert v.evidence["ranks"][1]["diagnosis"] == "unverifiable: no reporting stride"
 
 
-def test_a_stride_shown_after_the_restart_or_a_resume_at_the_checkpoint_step_is_judged():
-    [v] = resumed_from_latest(checkpoint_only_reports((10, 15)))  # steps 10, 15: a stride of 5
+def test_the_stride_comes_from_the_reports_before_the_fault_only():
+    # a stride shown only after the restart does not vouch for the restart's own first step
+    [v] = resumed_from_latest(checkpoint_only_reports((10, 15)))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
+    # stride 5 before the fault; the restart skips a save interval and keeps a doubled
+    # stride (20, 30, 40): its own votes would make 10 the stride and 20 "right after 10"
+    tl = (Script().start_attempt().steps(5, 10, every=5, stride=5).fault().decision()
+          .start_attempt().steps(20, 40, every=10, stride=10).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
+    assert v.evidence["reporting_stride"] == {0: 5, 1: 5}
+    # its healthy twin: resumes at 15 and goes on by 5
+    tl = (Script().start_attempt().steps(5, 10, every=5, stride=5).fault().decision()
+          .start_attempt().steps(15, 40, every=5, stride=5).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass" and v.evidence["rule"] == "checkpoint step 10 + the run's reporting stride 5 before the fault"
+
+
+def test_a_resumed_attempt_that_reports_without_a_step_is_unverifiable_and_names_what_it_reported():
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+    for _ in range(3):
+        s.report({0: None, 1: None}, metrics={"loss": 0.5, "epoch": 2})
+    [v] = resumed_from_latest(s.finish().timeline())
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step after the restart", v.line()
+    assert v.message == ("unverifiable: attempt 1 reported 3 time(s) without the step metric 'step' "
+                         "(it reported 'epoch', 'loss')")
+    # the step metric renamed between attempts is named
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+    s.report({0: None, 1: None}, metrics={"global_step": 11, "loss": 0.5})
+    [v] = resumed_from_latest(s.finish().timeline())
+    assert "the step metric changed name between attempts: 'step' before, 'global_step' now" in v.message, v.line()
+    # the twin: the same attempt with its step is judged (and passes)
+    tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish().timeline()
+    [v] = resumed_from_latest(tl)
     assert v.status == "pass", v.line()
-    assert v.evidence["rule"] == "checkpoint step 5 + the run's reporting stride 5"
-    [v] = resumed_from_latest(checkpoint_only_reports((5, 5)))  # evaluate after load: no stride needed
-    assert v.status == "pass" and "at the latest checkpoint's own step (5)" in v.message, v.line()
+
+
+def epoch_local(restart_from):
+    """Epochs of 5 steps counted 0..4 each, a checkpoint at each epoch's end (step 4); the
+    fault in epoch 2; the restart counts from ``restart_from``."""
+    s = Script().start_attempt()
+    for epoch in range(2):
+        for step in range(5):
+            s.report({0: step, 1: step}, f"/storage/epoch_{epoch}" if step == 4 else None)
+    s.report({0: 0, 1: 0}).fault().decision().start_attempt()
+    for step in range(restart_from, 5):
+        s.report({0: step, 1: step})
+    return s.finish().timeline()
+
+
+def test_a_step_counter_that_resets_every_epoch_is_unverifiable_not_a_resume():
+    # a restart from scratch reports step 0 — what also follows the epoch-end checkpoint
+    for restart_from in (0, 1):
+        [v] = resumed_from_latest(epoch_local(restart_from))
+        assert v.status == "unverifiable" and v.diagnosis == "unverifiable: step metric goes back", v.line()
+        assert "step metric 'step' goes back: rank 0 reported step 4, then 0 in attempt 0" in v.message
+    # a counter that only grows (the twin) is judged
+    [v] = resumed_from_latest(Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+                              .steps(1, 20).finish().timeline())
+    assert v.diagnosis == "restarted from scratch", v.line()
 
 
 @pytest.mark.parametrize("value, expected", [(7, 7), (7.0, 7), (7.5, 7.5), ("7", None), (True, None),

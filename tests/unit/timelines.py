@@ -40,14 +40,15 @@ class Script:
                                               for r in range(self.ranks)]))
         return self
 
-    def report(self, steps, checkpoint=None, states=None, sources=None):
-        """One report round: ``steps`` is {rank: step} (None: the rank reported no step)."""
+    def report(self, steps, checkpoint=None, states=None, sources=None, metrics=None):
+        """One report round: ``steps`` is {rank: step} (None: the rank reported no step);
+        ``metrics``: what rank 0 reported."""
         steps = {str(r): s for r, s in steps.items()}
         self.events.append(self._e(
             "recorder", "report", attempt=self.attempt, steps=steps, step=steps.get("0"),
             step_sources=sources or {r: ("metric" if s is not None else None) for r, s in steps.items()},
             states={str(r): v for r, v in states.items()} if states else None,
-            checkpoint=checkpoint, metrics={}))
+            checkpoint=checkpoint, metrics=metrics or {}))
         return self
 
     def steps(self, first, last, every=5, metric=True, stride=1, rank_step=None, state=None):
