@@ -141,7 +141,8 @@ class Experiment:
         env.cluster.watch(self.timeline)
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
-        watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s)
+        watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s,
+                           slo_recover_s=self.expect.slo_recover_s)
         finding: Verdict | None = None
         try:
             with r.step("steady state: cluster healthy, run submitted, training started"):

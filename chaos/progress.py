@@ -3,13 +3,13 @@
 While training should be running, the experiment installs a `StallWatch` as the
 timeline's guard: every wait then stops with a `Finding` as soon as no rank has reported
 for longer than the stall limit (RUNNING), or the run has been restarting/scheduling
-for longer than the recovery limit without a new attempt reporting.  The limit comes
-from the run's own report interval, with a floor, unless the user sets it.
+for longer than the recovery limit without a new attempt reporting.  The limit is learnt
+from the run's own cadence (a Trainer that saves every few minutes is slow, not stalled),
+with a floor, unless the user sets it.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from chaos.errors import VerificationError
@@ -17,7 +17,7 @@ from chaos.timeline import Event
 from chaos.verify import Verdict, did_not_resume, stalled
 
 STALL_FLOOR_S = 60.0
-STALL_FACTOR = 10.0  # times the run's typical (90th percentile) report interval
+STALL_FACTOR = 3.0  # times the longest silence the run has shown so far
 RECOVERING_STATES = {"SCHEDULING", "RESCHEDULING", "RESTARTING", "RESIZING", "PREEMPTING"}
 
 
@@ -30,37 +30,61 @@ class Finding(VerificationError):
         self.verdict = verdict
 
 
-def report_intervals(events: list[Event]) -> list[float]:
-    """Seconds between consecutive reports of one attempt of one run."""
-    last: dict[tuple, float] = {}
-    out = []
+def silences(events: list[Event]) -> tuple[list[float], list[float]]:
+    """The latest run's silences so far: (seconds from an attempt's start — its controller
+    entering RUNNING — to its first report, seconds between consecutive reports of one
+    attempt)."""
+    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+    firsts, gaps = [], []
+    started: float | None = None
+    last: float | None = None
+    state = None
     for e in events:
-        if e.kind != "report":
+        if e.data.get("run_id", latest) != latest or e.kind not in ("state_changed", "report"):
             continue
-        key = (e.data.get("run_id"), e.attempt)
-        if key in last:
-            out.append(e.t - last[key])
-        last[key] = e.t
-    return out
+        if e.kind == "state_changed":
+            if e.data.get("cur") == "RUNNING" and state != "RUNNING":
+                started, last = e.t, None
+            state = e.data.get("cur")
+        elif last is not None:
+            gaps.append(e.t - last)
+            last = e.t
+        else:
+            if started is not None:
+                firsts.append(e.t - started)
+            last = e.t
+    return firsts, gaps
 
 
 class StallWatch:
-    """The timeline guard: raises a Finding when the run stops making progress."""
+    """The timeline guard: raises a Finding when the run stops making progress.
 
-    def __init__(self, limit_s: float | None = None, recover_limit_s: float = 300.0, floor_s: float = STALL_FLOOR_S):
+    The stall limit (unless fixed): max(floor, 3 × the longest silence the run has shown so
+    far) once the running attempt has reported; before its first report, 3 × the longest
+    time an earlier attempt of the run took from its start to its first report, plus the
+    recovery SLO for a restarted attempt — and for the run's very first report, which
+    nothing predicts, ``first_report_s``."""
+
+    def __init__(self, limit_s: float | None = None, recover_limit_s: float = 300.0, floor_s: float = STALL_FLOOR_S,
+                 slo_recover_s: float | None = None, first_report_s: float | None = None):
         self.fixed = limit_s
         self.floor = floor_s
         self.recover_limit = recover_limit_s
+        self.slo_recover = slo_recover_s or 0.0
+        self.first_report = first_report_s if first_report_s is not None else recover_limit_s
         self.waiting_for = "the run to make progress"
 
     def limit(self, events: list[Event]) -> float:
         if self.fixed is not None:
             return self.fixed
-        gaps = sorted(report_intervals(events))
-        if not gaps:
-            return self.floor
-        p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))] if len(gaps) > 1 else statistics.median(gaps)
-        return max(self.floor, STALL_FACTOR * p90)
+        firsts, gaps = silences(events)
+        _, since = _controller_state(events)
+        reported = any(e.kind == "report" and e.t >= since for e in events)
+        if reported:
+            return max(self.floor, STALL_FACTOR * max(firsts + gaps))
+        if not firsts:
+            return max(self.floor, self.first_report)
+        return max(self.floor, STALL_FACTOR * max(firsts) + self.slo_recover)
 
     def __call__(self, events: list[Event]) -> None:
         state, since = _controller_state(events)

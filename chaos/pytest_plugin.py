@@ -50,8 +50,8 @@ def pytest_addoption(parser):
     g.addoption("--chaos-unverifiable", choices=["fail", "warn"], default="fail",
                 help="an unverifiable verdict (missing evidence) fails the test (default) or only warns")
     g.addoption("--chaos-stall-limit", type=float, default=None, metavar="S",
-                help="fail as 'training stalled' when no rank reports for S seconds (default: 10x the run's "
-                     "report interval, at least 60)")
+                help="fail as 'training stalled' when no rank reports for S seconds (default: 3x the longest "
+                     "silence the run has shown, at least 60)")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")

@@ -610,12 +610,12 @@ def _running(quiet_s, every=1.0, state="RUNNING"):
 def test_stall_watch_fires_past_the_derived_limit_with_every_rank_step():
     from chaos.progress import Finding, StallWatch
 
-    watch = StallWatch(floor_s=5)
+    watch = StallWatch(floor_s=2)
     watch.waiting_for = "the run to end"
-    assert watch.limit(_running(0, every=1.0)) == 10.0  # 10x the report interval
-    watch(_running(3))  # quiet for less than the limit: nothing
+    assert watch.limit(_running(0, every=1.0)) == 3.0  # 3x the longest silence so far
+    watch(_running(1.5))  # quiet for less than the limit (2.5 s since the last report): nothing
     with pytest.raises(Finding) as err:
-        watch(_running(12))
+        watch(_running(4))
     v = err.value.verdict
     assert v.diagnosis == "training stalled" and "while waiting for the run to end" in v.message
     assert "rank 0 at step 10, rank 1 at step 10" in v.message
@@ -627,6 +627,49 @@ def test_stall_limit_has_a_floor_and_an_override():
 
     assert StallWatch().limit(_running(0, every=0.3)) == STALL_FLOOR_S
     assert StallWatch(limit_s=7).limit(_running(0, every=30)) == 7
+
+
+def slow_reporter(first_report_s, every, reports, restarted_quiet_s=None):
+    """A run whose attempt 0 took ``first_report_s`` from RUNNING to its first report, then
+    reported every ``every`` s; with ``restarted_quiet_s``, attempt 1 has been RUNNING for
+    that long without a report."""
+    import time as _time
+
+    from chaos.timeline import Event
+
+    now = _time.time()
+    span = first_report_s + every * (reports - 1) + (restarted_quiet_s + 5 if restarted_quiet_s is not None else 0)
+    t = now - span - 1
+    events = [Event(t, "recorder", "controller_started", {"run_id": "r"}),
+              Event(t, "recorder", "state_changed", {"run_id": "r", "cur": "RUNNING"})]
+    t += first_report_s
+    for i in range(reports):
+        events.append(Event(t + i * every, "recorder", "report", {"run_id": "r", "attempt": 0, "steps": {"0": i}}))
+    if restarted_quiet_s is not None:
+        events += [Event(now - restarted_quiet_s - 5, "recorder", "state_changed", {"run_id": "r", "cur": "RESTARTING"}),
+                   Event(now - restarted_quiet_s, "recorder", "state_changed", {"run_id": "r", "cur": "RUNNING"})]
+    return events
+
+
+def test_a_slow_reporter_is_not_stalled_at_the_floor():
+    # a Trainer that saves (and reports) every 150 s: the floor of 60 s would call it stalled
+    from chaos.progress import StallWatch
+
+    assert StallWatch().limit(slow_reporter(200, 150, 3)) == 600  # 3x its longest silence (200 s to the first)
+    StallWatch()(slow_reporter(200, 150, 3)[:-1])  # 150 s after the 2nd report: still fine
+
+
+def test_before_an_attempts_first_report_the_limit_comes_from_the_runs_first_report():
+    from chaos.progress import Finding, StallWatch
+
+    # attempt 1 RUNNING for 100 s without a report; attempt 0 needed 40 s to its first
+    watch = StallWatch(slo_recover_s=30)
+    assert watch.limit(slow_reporter(40, 5, 4, restarted_quiet_s=100)) == 150  # 3 x 40 + the recover SLO
+    watch(slow_reporter(40, 5, 4, restarted_quiet_s=100))
+    with pytest.raises(Finding):
+        watch(slow_reporter(40, 5, 4, restarted_quiet_s=160))
+    # nothing predicts the run's very first report: the first-report limit
+    assert StallWatch(first_report_s=900).limit(slow_reporter(40, 5, 0)) == 900
 
 
 def test_a_restart_that_never_reports_is_did_not_resume():
