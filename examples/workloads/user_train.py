@@ -11,6 +11,11 @@ the classic mistakes the harness must catch.
                           the run's storage folder itself): an older checkpoint
     --crash-on-restore    raises while loading the checkpoint Train hands it (every restart)
     --max-failures N      FailureConfig(max_failures=N) (default 3)
+    --retrain-checkpoint-step  restarts at the restored step itself (range(step, N)): that
+                          step is trained and its checkpoint committed twice
+    --epoch-steps N       reports the step within its epoch of N steps (0..N-1, again every
+                          epoch): a counter that goes back
+    --no-step-after-restore  a restored attempt reports its loss without the step metric
 """
 
 import argparse
@@ -41,11 +46,16 @@ def loop(config):
         elif ckpt:
             with ckpt.as_directory() as d:
                 start = torch.load(os.path.join(d, "s.pt"))["step"]
-    for step in range(start + 1, config["steps"] + 1):
-        model(torch.ones(2, 4)).sum().backward()
+    first = start if start and config["retrain_checkpoint_step"] else start + 1
+    for step in range(first, config["steps"] + 1):
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()
         torch.distributed.all_reduce(torch.ones(1))  # ranks step together, as DDP's gradient sync does
         time.sleep(0.3)
-        metrics = {config["metric"]: step}
+        counted = (step - 1) % config["epoch_steps"] if config["epoch_steps"] else step
+        metrics = {config["metric"]: counted}
+        if start and config["no_step_after_restore"]:
+            metrics = {"loss": float(loss)}
         if step % 5 == 0 and rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"step": step}, os.path.join(d, "s.pt"))
@@ -64,6 +74,9 @@ if __name__ == "__main__":
     p.add_argument("--restore-previous-checkpoint", action="store_true")
     p.add_argument("--crash-on-restore", action="store_true")
     p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--retrain-checkpoint-step", action="store_true")
+    p.add_argument("--epoch-steps", type=int, default=0)
+    p.add_argument("--no-step-after-restore", action="store_true")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
@@ -75,7 +88,9 @@ if __name__ == "__main__":
         train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric,
                            "restore_rank0_only": a.restore_rank0_only, "crash_on_restore": a.crash_on_restore,
                            "restore_previous": a.restore_previous_checkpoint,
-                           "run_dir": os.path.join(a.storage, name)},
+                           "run_dir": os.path.join(a.storage, name),
+                           "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
+                           "no_step_after_restore": a.no_step_after_restore},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=a.storage, name=name,
                              failure_config=None if a.default_failure_config else FailureConfig(

@@ -103,3 +103,29 @@ def test_restore_that_crashes_is_a_failure_the_fault_did_not_cause(tmp_path):
     assert code == 1, out[-4000:]
     assert "unrelated failure: attempt 1 failed with" in out, out[-4000:]
     assert "could not load the checkpoint" in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_script_that_trains_the_checkpoint_step_again_fails_as_work_done_twice(tmp_path):
+    """``range(step, N)`` after restoring: the first report is the checkpoint's own step —
+    what an evaluation after loading also reports — but its checkpoint is committed again."""
+    code, out = run_suite(tmp_path, "--retrain-checkpoint-step", tape="user_retrains_checkpoint_step")
+    assert code == 1, out[-4000:]
+    assert "resumed from an older checkpoint" in out and "step 10 had been committed before" in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_step_counter_that_resets_every_epoch_is_unverifiable(tmp_path):
+    """The step within the epoch (0..4, checkpoint at its end): a restart from scratch and a
+    correct resume would both report 0 next, so the resume cannot be judged by it."""
+    code, out = run_suite(tmp_path, "--epoch-steps 5", tape="user_epoch_local_step")
+    assert code == 1, out[-4000:]
+    assert "unverifiable: step metric 'step' goes back: rank 0 reported step 4, then 0" in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_restored_attempt_that_reports_no_step_is_unverifiable(tmp_path):
+    code, out = run_suite(tmp_path, "--no-step-after-restore", tape="user_no_step_after_restore")
+    assert code == 1, out[-4000:]
+    assert "unverifiable: attempt 1 reported" in out and "without the step metric 'step' (it reported 'loss')" in out, \
+        out[-4000:]
