@@ -218,6 +218,26 @@ class RecoveryMetrics:
     members: int = 1  # targets hit at once (a correlated fault)
 
 
+def run_at(timeline: Timeline, t: float) -> str | None:
+    """The Train run a fault at ``t`` hit: the latest run whose controller started before it
+    (the first run when every run started later)."""
+    started = timeline.of("controller_started")
+    before = [e for e in started if e.t <= t + timeline.clock_uncertainty]
+    chosen = before[-1] if before else (started[0] if started else None)
+    return chosen.data.get("run_id") if chosen else None
+
+
+def faulted_runs(timeline: Timeline) -> list[str]:
+    """The runs the injected faults hit, in the order they started; with no fault, the last
+    run (each verdict judges the run the faults hit, not a warm-up before it or an
+    evaluation after it)."""
+    order = [e.data.get("run_id") for e in timeline.of("controller_started")]
+    hit = {run_at(timeline, members[0].t) for members in fault_groups(timeline)} - {None}
+    if not hit:
+        return order[-1:]
+    return [r for r in dict.fromkeys(order) if r in hit]
+
+
 def fault_groups(timeline: Timeline) -> list[list[Event]]:
     """The ``fault_injected`` events of each fault, in injection order: a correlated fault's
     members (same ``group``) together, every other fault on its own."""
@@ -250,16 +270,18 @@ def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
     waiting for a replacement node, is not a recovery).
     """
     out = []
-    reports = timeline.reports()
     for members in fault_groups(timeline):
         fault = members[0]
+        run = run_at(timeline, fault.t)
+        reports = [r for r in timeline.reports() if r.data.get("run_id") == run]
+        attempts = [a for a in timeline.attempts() if a.data.get("run_id") == run]
         dead = _last_of_members(timeline, "fault_detected", members)
         returned = _last_of_members(timeline, "fault_returned", members)
-        ended = timeline.first("run_finished")
+        ended = timeline.first("run_finished", where=lambda e: e.data.get("run_id") == run)
         after_end = ended is not None and ended.t < fault.t - timeline.clock_uncertainty and not any(
-            a.t > fault.t for a in timeline.attempts())
+            a.t > fault.t for a in attempts)
         restart, first_report = None, None
-        for a in (a for a in timeline.attempts() if a.t >= fault.t):
+        for a in (a for a in attempts if a.t >= fault.t):
             first_report = next((r for r in reports if r.t >= a.t and r.attempt == a.attempt
                                  and r.data.get("run_id") == a.data.get("run_id")), None)
             if first_report is not None:

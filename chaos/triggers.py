@@ -10,15 +10,19 @@ from chaos.timeline import Event, Timeline
 
 
 def _finished(events: list[Event]) -> str | None:
+    """Why no trigger can fire any more: the job ended, or the latest Train run did (a
+    warm-up fit() that finished is followed by the run under test)."""
+    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
     for e in events:
-        if e.kind in ("run_finished", "job_finished"):
+        if e.kind == "job_finished" or (e.kind == "run_finished" and e.data.get("run_id") == latest):
             return f"the run already ended ({e.describe()})"
     return None
 
 
 @dataclasses.dataclass(frozen=True)
 class AfterCheckpoint:
-    """Fire once the k-th checkpoint of the run (counted over all attempts) is committed."""
+    """Fire once the k-th checkpoint of the run (counted over all its attempts) is committed —
+    of one Train run: a warm-up ``fit()``'s checkpoints do not count toward the next run's."""
 
     k: int
 
@@ -31,8 +35,14 @@ class AfterCheckpoint:
 
     def wait(self, timeline: Timeline, timeout: float) -> Event:
         def ready(events):
-            commits = [e for e in events if e.kind == "report" and e.data.get("checkpoint")]
-            return commits[self.k - 1] if len(commits) >= self.k else None
+            per_run: dict = {}
+            for e in events:
+                if e.kind == "report" and e.data.get("checkpoint"):
+                    commits = per_run.setdefault(e.data.get("run_id"), [])
+                    commits.append(e)
+                    if len(commits) == self.k:
+                        return e
+            return None
 
         return timeline.wait_for(ready, timeout, f"checkpoint {self.k} to be committed", abort=_finished)
 

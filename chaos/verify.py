@@ -22,7 +22,7 @@ from typing import Any
 
 from chaos.errors import VerificationError
 from chaos.faults.catalog import limit_name
-from chaos.timeline import Event, Timeline, fault_groups, recovery_metrics, runs, steps_of
+from chaos.timeline import Event, Timeline, fault_groups, faulted_runs, recovery_metrics, runs, steps_of
 from chaos.train.recording import AUTO_STEP_METRICS as AUTO_STEP_NAMES
 
 # A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
@@ -616,7 +616,7 @@ def attribute(timeline: Timeline) -> Attribution:
     fault's node was missing) is its consequence; every other decision is unrelated to the
     injected faults."""
     faults = timeline.of("fault_injected")
-    decisions = timeline.of("failure_decision")
+    decisions = _decisions(timeline)
     groups = fault_groups(timeline)
     keys = [g[0].data.get("group") or g[0].data.get("ledger_id") or str(i) for i, g in enumerate(groups)]
     by_fault: dict[str, list[Event]] = {k: [] for k in keys}
@@ -645,9 +645,22 @@ def _first_line(text: str | None) -> str:
     return (lines[-1] if lines else "no error text")[:300]
 
 
+def _decisions(timeline: Timeline) -> list[Event]:
+    """Ray's failure decisions in the runs the faults hit (a warm-up or a later fit() is
+    another run, with its own budget)."""
+    hit = set(faulted_runs(timeline))
+    return [e for e in timeline.of("failure_decision") if e.data.get("run_id") in hit]
+
+
+def _faulted_run_event(timeline: Timeline, kind: str) -> Event | None:
+    """The ``kind`` recorder event of the last run the faults hit."""
+    hit = faulted_runs(timeline)
+    return timeline.first(kind, where=lambda e: e.data.get("run_id") == hit[-1]) if hit else None
+
+
 def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
-    decisions = timeline.of("failure_decision")
-    started = timeline.first("controller_started")
+    decisions = _decisions(timeline)
+    started = _faulted_run_event(timeline, "controller_started")
     fc = started.data.get("failure_config", {}) if started else {}
     att = attribute(timeline)
     primary = [ds[0] for ds in att.by_fault.values() if ds]
@@ -714,7 +727,7 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
 def charged(timeline: Timeline) -> dict[str, dict]:
     """Failures Ray charged per budget class: the last decision's count and limit."""
     out: dict[str, dict] = {}
-    for e in timeline.of("failure_decision"):
+    for e in _decisions(timeline):
         cls = e.data.get("budget_class")
         if cls:
             out[cls] = {"count": e.data.get("count"), "limit": e.data.get("limit"), "decision": e.data.get("decision")}
@@ -766,9 +779,9 @@ def _s(v: float | None) -> str:
 
 # -- run-finished ----------------------------------------------------------------------
 def run_finished(timeline: Timeline, expect: Expectation) -> Verdict:
-    """The last run ends FINISHED and its job SUCCEEDED (ERRORED/FAILED when exhaustion is expected)."""
-    fins = timeline.of("run_finished")
-    fin = fins[-1] if fins else None
+    """The run the faults hit ends FINISHED and its job SUCCEEDED (ERRORED/FAILED when
+    exhaustion is expected)."""
+    fin = _faulted_run_event(timeline, "run_finished")
     job = timeline.first("job_finished")
     status = job.data.get("status") if job else None
     evidence = {"run_state": fin.data.get("state") if fin else None, "job_status": status,
@@ -864,15 +877,15 @@ class Baseline:
 
 
 def final_states(timeline: Timeline) -> dict[int, dict]:
-    """Each rank's last report in the last Train run: {"step": s, "state": {metric: value}}.
+    """Each rank's last report in the (last) Train run the faults hit: {"step": s, "state": {metric: value}}.
 
     The state is the recorded state metric (per rank) and, for the rank whose whole metrics
     the recorder keeps (the report's first rank), the digest metrics and the state metric
     as reported (a hex hash the recorder's numeric view drops)."""
-    all_runs = runs(timeline)
-    if not all_runs:
+    hit = faulted_runs(timeline)
+    events = dict(runs(timeline)).get(hit[-1]) if hit else None
+    if not events:
         return {}
-    events = all_runs[-1][1]
     started = next((e for e in events if e.kind == "controller_started"), None)
     metric = started.data.get("state_metric") if started else None
     out: dict[int, dict] = {}
@@ -909,8 +922,8 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
     equals a fault-free run's of the same workload and seed: a restart that restored the
     step but not the weights, optimizer, RNG or data order ends somewhere else."""
     name = "final-state"
-    fins = timeline.of("run_finished")
-    ended = fins[-1].data.get("state") if fins else None
+    fin = _faulted_run_event(timeline, "run_finished")
+    ended = fin.data.get("state") if fin else None
     mine = final_states(timeline)
     evidence = {"final": mine, "baseline": baseline.to_json(), "rtol": STATE_RTOL, "atol": STATE_ATOL}
     if ended != "FINISHED":
@@ -924,7 +937,7 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
     if baseline.error:
         return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: {baseline.error}",
                        "unverifiable: no baseline", evidence)
-    started = timeline.first("controller_started")
+    started = _faulted_run_event(timeline, "controller_started")
     if started is not None and baseline.run_name and (started.data.get("run_name"), started.data.get(
             "storage_path")) == (baseline.run_name, baseline.storage_path):
         return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: the fault-free run used the "

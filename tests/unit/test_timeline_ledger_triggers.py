@@ -124,3 +124,11 @@ def test_a_kind_whose_revert_is_unknown_to_its_fault_is_not_swept_as_done(tmp_pa
     i = ledger.record("raylet-kill", {}, {"action": "heal-partition", "netns": "x"})
     [left] = sweep(ledger, FakeBackend(FakeTransport()), say=lambda *_: None)
     assert "no sweep for revert action 'heal-partition'" in left["error"] and ledger.entries()[i]["state"] == "failed"
+
+
+def test_checkpoints_count_per_run_not_across_a_warm_up():
+    s = Script().start_attempt().steps(1, 5)  # a warm-up fit() with one checkpoint (step 5)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    s.new_run().start_attempt().steps(1, 10)  # the run under test: checkpoints at 5 and 10
+    e = AfterCheckpoint(2).wait(s.timeline(), timeout=1)  # the warm-up's end does not stop the wait
+    assert (e.data["run_id"], e.data["step"]) == ("run2", 10), e

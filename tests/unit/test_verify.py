@@ -740,3 +740,53 @@ def test_preemption_charged_to_the_preemption_budget_is_within_budget():
     assert v.status == "pass" and "charged 1 to max_preemption_failures" in v.message, v.line()
     v = within_budget(tl, Expectation(charged={"worker_group": 1}))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+
+
+# -- one run per verdict: the run the fault hit, not a warm-up before it or an eval after it ----
+def faulted_then_evaluated(restarted=True):
+    """Run 1 is hit by the fault (restarted or not) and ends ERRORED; the driver then runs
+    an evaluation fit() (run 2) that finishes, and the job succeeds."""
+    s = Script().start_attempt().steps(1, 12).fault().decision("RAISE", limit=0)
+    if restarted:
+        s.start_attempt().steps(11, 14)
+    s.events.append(s._e("recorder", "run_finished", state="ERRORED"))
+    s.new_run().start_attempt().steps(1, 3, every=None).finish()
+    return s.timeline()
+
+
+def test_run_finished_judges_the_run_the_fault_hit_not_a_later_fit():
+    v = run_finished(faulted_then_evaluated(), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "run failed" and "ended ERRORED" in v.message, v.line()
+    # its twin: the faulted run itself finishes
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
+    assert run_finished(s.timeline(), EXPECT_ONE).status == "pass"
+
+
+def test_a_later_fit_is_not_the_faulted_runs_recovery():
+    from chaos.timeline import recovery_metrics
+
+    [m] = recovery_metrics(faulted_then_evaluated(restarted=False))
+    assert m.recovered_attempt is None and m.time_to_recover is None, m
+    [m] = recovery_metrics(faulted_then_evaluated(restarted=True))
+    assert m.recovered_attempt == 1, m
+
+
+def test_within_budget_judges_the_faulted_run_not_a_warm_up():
+    # a warm-up fit() that failed once and retried on its own, then the faulted run
+    s = Script(max_failures=3).start_attempt().steps(1, 3, every=None).decision(error="warm-up flake")
+    s.start_attempt().steps(1, 3, every=None)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    s.new_run().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
+    v = within_budget(s.timeline(), EXPECT_ONE)
+    assert v.status == "pass" and "charged 1 to max_failures=3" in v.message, v.line()
+    assert v.evidence["unrelated"] == []
+
+
+def test_final_state_is_the_faulted_runs():
+    from chaos.verify import final_states
+
+    s = Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
+    s.start_attempt().steps(11, 20, state=loss)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    s.new_run().start_attempt().steps(1, 3, every=None, state=loss).finish()
+    assert final_states(s.timeline())[0]["step"] == 20
