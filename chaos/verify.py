@@ -150,13 +150,16 @@ class _RunReports:
         return [r for r in self.reports if r.attempt == attempt]
 
     def next_after(self, commit: Event, rank: int):
-        """The step ``rank`` reported right after ``commit``, in the attempt that committed it."""
+        """The step ``rank`` reported right after ``commit``, in the attempt that committed it
+        (a report at the checkpoint's own step right after it — an evaluation — is skipped)."""
         after = False
+        ck = steps_of(commit).get(rank)
         for r in self.stepped:
             if r is commit:
                 after = True
                 continue
-            if after and r.attempt == commit.attempt and rank in steps_of(r):
+            if after and r.attempt == commit.attempt and rank in steps_of(r) \
+                    and not _same_step(steps_of(r)[rank], ck):
                 return steps_of(r)[rank]
         return None
 

@@ -790,3 +790,20 @@ def test_final_state_is_the_faulted_runs():
     s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
     s.new_run().start_attempt().steps(1, 3, every=None, state=loss).finish()
     assert final_states(s.timeline())[0]["step"] == 20
+
+
+def test_an_evaluation_at_the_checkpoint_step_after_the_checkpoint_is_not_the_next_step():
+    # each checkpoint report is followed by an eval report at the same step (10, 10, 11, ...)
+    s = Script().start_attempt()
+    for step in range(1, 13):
+        s.report({0: step, 1: step}, f"/storage/checkpoint_{step}" if step % 5 == 0 else None)
+        if step % 5 == 0:
+            s.report({0: step, 1: step})
+    tl = s.fault().decision().start_attempt().steps(11, 20).finish().timeline()
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass" and "resumed at step 11, right after the latest checkpoint (step 10)" in v.message, \
+        v.line()
+    # the twin that skips data is still caught
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(13, 20).finish().timeline())
+    [v] = resumed_from_latest(tl)
+    assert v.diagnosis == "resumed past the checkpoint", v.line()
