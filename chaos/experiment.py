@@ -26,15 +26,17 @@ from chaos.errors import ChaosError, InjectionError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, Target
 from chaos.faults.correlated import Correlated, fan_out, spread_s
 from chaos.ledger import Ledger
-from chaos.progress import Finding, StallWatch
+from chaos.progress import CRASH_LOOP_FAILURES, Finding, StallWatch
 from chaos.report import Reporter
-from chaos.timeline import Timeline, recovery_metrics
+from chaos.timeline import Event, Timeline, recovery_metrics
 from chaos.train.run import Run, RunSpec
 from chaos.train.tape import ENV_TAPE_FILE
+from chaos.triggers import trigger_blocker
+from chaos.verify import (Expectation, Verdict, check, did_not_end, did_not_resume, ended_before_fault, healed,
+                          verdicts_for)
+from chaos.waits import poll_until
 
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-from chaos.waits import poll_until
-from chaos.verify import Expectation, Verdict, check, did_not_resume, healed, verdicts_for
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +54,12 @@ class Timeouts:
 @dataclasses.dataclass
 class Judging:
     """How verdicts fail a test: ``unverifiable`` is ``fail`` (default) or ``warn``; the stall
-    limit is derived from the run's report interval unless set."""
+    limit is learnt from the run unless set; a crash loop is this many failures in a row
+    without progress under an unlimited budget."""
 
     unverifiable: str = "fail"
     stall_limit_s: float | None = None
+    crash_loop_failures: int = CRASH_LOOP_FAILURES
 
 
 @dataclasses.dataclass
@@ -142,7 +146,7 @@ class Experiment:
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
         watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s,
-                           slo_recover_s=self.expect.slo_recover_s)
+                           slo_recover_s=self.expect.slo_recover_s, crash_loop_failures=self.judging.crash_loop_failures)
         finding: Verdict | None = None
         try:
             with r.step("steady state: cluster healthy, run submitted, training started"):
@@ -160,7 +164,7 @@ class Experiment:
                 r.parameter(f"trigger {i}", trigger.describe())
                 watch.waiting_for = trigger.describe()
                 with r.step(f"fault {i}: wait until {trigger.describe()}"):
-                    fired = trigger.wait(self.timeline, env.timeouts.trigger_s)
+                    fired = self._wait_trigger(i, trigger)
                     r.say(f"trigger fired on {fired.describe()}")
                 with r.step(f"fault {i}: inject {fault.describe()}"):
                     hit = (self._inject_group(ctx, fault) if isinstance(fault, Correlated)
@@ -189,7 +193,11 @@ class Experiment:
                                self._injections)
             watch.waiting_for = "the run to end"
             with r.step("finish: the run ends by itself"):
-                run.wait_finished(env.timeouts.finish_s)
+                try:
+                    run.wait_finished(env.timeouts.finish_s)
+                except WaitTimeout as err:
+                    log.warning("finish: %s", err)
+                    raise Finding(did_not_end(self.timeline.events, env.timeouts.finish_s, run.status())) from err
             self.timeline.guard = None
             with r.step("verify: verdicts from the timeline"):
                 verdicts.extend(verdicts_for(self.timeline, self.expect))
@@ -377,6 +385,16 @@ class Experiment:
         self.timeline.emit("fault", "fault_detected", t=seen.t, ledger_id=inj.ledger_id, by=seen.kind,
                            node_id=target.node_id, **self._grouped(inj))
         self.reporter.say(f"detected: {seen.describe()} {seen.data.get('death_reason') or ''}")
+
+    def _wait_trigger(self, i: int, trigger) -> Event:
+        """The event fault ``i``'s trigger fired on; the run's end before it is a finding."""
+        try:
+            return trigger.wait(self.timeline, self.env.timeouts.trigger_s)
+        except WaitTimeout:
+            ended = trigger_blocker(self.timeline.events)
+            if ended is None:
+                raise
+            raise Finding(ended_before_fault(i, trigger.describe(), ended)) from None
 
     def _recover(self) -> None:
         fault_t = self.timeline.of("fault_injected")[-1].t

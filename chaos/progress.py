@@ -14,10 +14,11 @@ import time
 
 from chaos.errors import VerificationError
 from chaos.timeline import Event
-from chaos.verify import Verdict, did_not_resume, stalled
+from chaos.verify import Verdict, crash_loop, did_not_resume, stalled
 
 STALL_FLOOR_S = 60.0
 STALL_FACTOR = 3.0  # times the longest silence the run has shown so far
+CRASH_LOOP_FAILURES = 3  # failures in a row without progress, under an unlimited budget
 RECOVERING_STATES = {"SCHEDULING", "RESCHEDULING", "RESTARTING", "RESIZING", "PREEMPTING"}
 
 
@@ -66,8 +67,10 @@ class StallWatch:
     nothing predicts, ``first_report_s``."""
 
     def __init__(self, limit_s: float | None = None, recover_limit_s: float = 300.0, floor_s: float = STALL_FLOOR_S,
-                 slo_recover_s: float | None = None, first_report_s: float | None = None):
+                 slo_recover_s: float | None = None, first_report_s: float | None = None,
+                 crash_loop_failures: int = CRASH_LOOP_FAILURES):
         self.fixed = limit_s
+        self.crash_loop = crash_loop_failures
         self.floor = floor_s
         self.recover_limit = recover_limit_s
         self.slo_recover = slo_recover_s or 0.0
@@ -87,6 +90,9 @@ class StallWatch:
         return max(self.floor, STALL_FACTOR * max(firsts) + self.slo_recover)
 
     def __call__(self, events: list[Event]) -> None:
+        loop = crash_loop(events, self.crash_loop)
+        if loop is not None:
+            raise Finding(loop)
         state, since = _controller_state(events)
         now = time.time()
         if state == "RUNNING":

@@ -23,6 +23,7 @@ from chaos import summary
 from chaos.errors import Aborted
 from chaos.experiment import Environment, Experiment, Judging, Outcome
 from chaos.faults.raylet import RayletKill
+from chaos.progress import CRASH_LOOP_FAILURES
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
 from chaos.verify import Expectation
@@ -52,6 +53,9 @@ def pytest_addoption(parser):
     g.addoption("--chaos-stall-limit", type=float, default=None, metavar="S",
                 help="fail as 'training stalled' when no rank reports for S seconds (default: 3x the longest "
                      "silence the run has shown, at least 60)")
+    g.addoption("--chaos-crash-loop", type=int, default=CRASH_LOOP_FAILURES, metavar="N",
+                help="under an unlimited budget (max_failures=-1), N failures in a row without a new step are "
+                     f"a 'crash loop' finding (default {CRASH_LOOP_FAILURES})")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")
@@ -107,11 +111,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "extended: a chaos suite whose fault kind and budget class a per-commit "
                                        "suite already covers (make integration runs it, make chaos does not; "
                                        "-m chaos runs it as any other)")
-    config.addinivalue_line("markers", "soak: a seeded fault campaign through one long run (make soak); "
-                                       "runs only with -m soak, never in make chaos")
+    config.addinivalue_line("markers", "soak: a seeded fault campaign through one long run: runs only with -m soak "
+                                       "(make soak; make chaos ends with a short one)")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
                           ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1), ("chaos_duration", 1),
-                          ("chaos_campaign_faults", 1)):
+                          ("chaos_campaign_faults", 1), ("chaos_crash_loop", 1)):
         value = config.getoption(name)
         if value is not None and value < minimum:
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
@@ -510,7 +514,7 @@ class Chaos:
         expect = expect or Expect()
         expectation = self._expectation(expect, faults)
         reporter = live_reporter(self.request.config)
-        judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"))
+        judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"), self._opt("chaos_crash_loop"))
         exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,
                          judging=judging)
         self.experiments.append(exp)

@@ -9,14 +9,17 @@ from chaos.errors import WaitTimeout
 from chaos.timeline import Event, Timeline
 
 
-def _finished(events: list[Event]) -> str | None:
-    """Why no trigger can fire any more: the job ended, or the latest Train run did (a
-    warm-up fit() that finished is followed by the run under test)."""
+def trigger_blocker(events: list[Event]) -> Event | None:
+    """The event after which no trigger can fire: the job's end, or the latest Train run's
+    (a warm-up fit() that finished is followed by the run under test, not an end)."""
     latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
-    for e in events:
-        if e.kind == "job_finished" or (e.kind == "run_finished" and e.data.get("run_id") == latest):
-            return f"the run already ended ({e.describe()})"
-    return None
+    return next((e for e in events if e.kind == "job_finished"
+                 or (e.kind == "run_finished" and e.data.get("run_id") == latest)), None)
+
+
+def _finished(events: list[Event]) -> str | None:
+    ended = trigger_blocker(events)
+    return f"the run already ended ({ended.describe()})" if ended else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,8 +55,9 @@ DIAGNOSES: tuple[str, ...] = (
     "no just-in-time checkpoint", "checkpoint inside the preemption window",
     # run-finished
     "run failed", "run did not finish", "run did not fail cleanly",
-    # progress (chaos.progress), healed
-    "training stalled", "did not resume", "cleanup failed",
+    # progress (chaos.progress, chaos.experiment), healed
+    "training stalled", "did not resume", "crash loop", "run ended before the fault", "driver did not exit",
+    "cleanup failed",
     # head loss (chaos.head_loss): <outcome> is the one seen (head_loss.OUTCOMES); "cluster lost"
     # is the expected verdict's, cut from the head-loss diagnosis at run time
     "head loss: <outcome>", "head loss: no reboot", "unverifiable: no outcome", "cluster lost",
@@ -831,6 +832,60 @@ def did_not_resume(what: str, detail: str) -> Verdict:
     """Ray never noticed the fault, or never restarted after it."""
     return Verdict("progress", "fail", f"did not resume: {what} ({detail})", "did not resume",
                    {"awaited": what, "detail": detail})
+
+
+def ended_before_fault(fault: int, trigger: str, ended: Event) -> Verdict:
+    """The run ended before a fault's trigger fired: nothing of that fault can be judged,
+    and that is the finding (a run too short for its faults, or one that ended early)."""
+    return Verdict("progress", "fail", f"run ended before the fault: fault {fault} waited {trigger}, but "
+                   f"{ended.describe()} came first; no fault {fault} was injected", "run ended before the fault",
+                   {"fault": fault, "trigger": trigger, "ended": ended.to_json()})
+
+
+def did_not_end(events: list[Event], waited_s: float, job_status: str | None) -> Verdict:
+    """The finish phase's deadline passed: the run never ended, or its driver never exited
+    after Train's run had."""
+    fins = [e for e in events if e.kind == "run_finished"]
+    evidence = {"waited_s": waited_s, "job_status": job_status, "last_steps": last_steps(events)}
+    if fins:
+        fin = fins[-1]
+        return Verdict("run-finished", "fail", f"driver did not exit: Train's run ended {fin.data.get('state')}, "
+                       f"but {waited_s:.0f} s later its job was still {job_status or 'not ended'} (the script "
+                       "hangs after fit() returned)", "driver did not exit", evidence)
+    steps = ", ".join(f"rank {r} at step {s}" for r, s in sorted(evidence["last_steps"].items())) or "no report"
+    return Verdict("run-finished", "fail", f"run did not finish within {waited_s:.0f} s after the last fault "
+                   f"(job {job_status or 'not ended'}; last steps: {steps})", "run did not finish", evidence)
+
+
+def crash_loop(events: list[Event], failures: int) -> Verdict | None:
+    """``failures`` failure decisions in a row, each retried under an unlimited budget, with
+    no step beyond the best one before them: Ray would retry forever (max_failures=-1)."""
+    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+    mine = [e for e in events if e.data.get("run_id") == latest]
+    loop = [e for e in mine if e.kind == "failure_decision" and e.data.get("decision") == "RETRY"
+            and not set(e.data.get("error_types") or ()) & set(CAPACITY_ERRORS)]
+    if failures < 1 or len(loop) < failures:
+        return None
+    streak = loop[-failures:]
+    if any(_limited(d.data.get("limit")) for d in streak):
+        return None  # a finite budget ends the loop by itself: within-budget judges it
+    stepped = [(e.t, max(steps_of(e).values())) for e in mine if e.kind == "report" and steps_of(e)]
+    best = max((s for t, s in stepped if t < streak[0].t), default=None)
+    if any(best is None or s > best for t, s in stepped if t >= streak[0].t):
+        return None
+    errors = "; ".join(dict.fromkeys(_first_line(d.data.get("error")) for d in streak))
+    return Verdict("progress", "fail", f"crash loop: {failures} failures in a row without a step beyond "
+                   f"{best if best is not None else 'the start'}, each retried (unlimited budget): {errors}",
+                   "crash loop", {"decisions": [{"t": d.t, "attempt": d.attempt, "error_types": d.data.get("error_types")}
+                                                for d in streak], "best_step": best})
+
+
+def _limited(limit: Any) -> bool:
+    """A decision's limit that ends retries: a number >= 0 (Ray logs inf, -1 or nothing for unlimited)."""
+    try:
+        return 0 <= float(limit) < float("inf")
+    except (TypeError, ValueError):
+        return False
 
 
 # -- healed ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import ray
 import chaos
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline
+from chaos.triggers import trigger_blocker
 from chaos.waits import poll_until
 from chaos.train.recorder import ENV_STATE_METRIC, ENV_STEP_METRIC
 from chaos.train.sink import ENV_SINK, SinkPump, measure_clock_offset, start_sink
@@ -170,6 +171,14 @@ class Run:
             self._job_end_seen = True
         self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=status, message=message)
 
+    def status(self) -> str | None:
+        """The Jobs API's status of the job now (None when it cannot be read)."""
+        try:
+            return str(self.client.get_job_status(self.job_id).value)
+        except Exception as e:
+            log.warning("could not read the status of job %s: %s", self.job_id, e)
+            return None
+
     def _terminal_status(self) -> tuple[tuple[str, str] | None, str]:
         info = self.client.get_job_info(self.job_id)
         status = str(info.status.value)
@@ -197,8 +206,7 @@ class Run:
 
         Once Train's run has ended the job's status is read directly: Ray's log stream ends
         only on its own 1 s polls, seconds after the job did."""
-        end = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind in ("run_finished", "job_finished")),
-                                                     None), timeout, f"the run of job {self.job_id} to finish")
+        end = self.timeline.wait_for(trigger_blocker, timeout, f"the run of job {self.job_id} to finish")
         if end.kind == "run_finished":
             self._job_ended(*poll_until(self._terminal_status, 120,
                                         f"job {self.job_id} to end after its Train run finished", interval=0.2))

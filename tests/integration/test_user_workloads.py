@@ -129,3 +129,13 @@ def test_restored_attempt_that_reports_no_step_is_unverifiable(tmp_path):
     assert code == 1, out[-4000:]
     assert "unverifiable: attempt 1 reported" in out and "without the step metric 'step' (it reported 'loss')" in out, \
         out[-4000:]
+
+
+@pytest.mark.integration
+def test_run_too_short_for_its_fault_is_a_finding(tmp_path):
+    """7 steps: one checkpoint (step 5), so the suite's trigger (after checkpoint 2) never
+    fires — a failed test saying so, not a harness error."""
+    code, out = run_suite(tmp_path, "--steps 7", tape=None)
+    assert code == 1, out[-4000:]
+    assert "run ended before the fault: fault 1 waited after checkpoint 2 is committed" in out, out[-4000:]
+    assert "WaitTimeout" not in out, out[-4000:]

@@ -807,3 +807,69 @@ def test_an_evaluation_at_the_checkpoint_step_after_the_checkpoint_is_not_the_ne
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(13, 20).finish().timeline())
     [v] = resumed_from_latest(tl)
     assert v.diagnosis == "resumed past the checkpoint", v.line()
+
+
+# -- findings, not harness errors ----------------------------------------------------------
+def looping(limit, failures=3, progress=False):
+    """A run that restarts again and again after its fault, under ``limit`` (None: unlimited)."""
+    s = Script(max_failures=-1).start_attempt().steps(1, 12).fault()
+    for i in range(failures):
+        s.decision(limit=limit, error=f"RuntimeError: CUDA error: an illegal memory access ({i})")
+        s.start_attempt()
+        if progress and i == failures - 1:
+            s.steps(13, 13, every=None)
+        else:
+            s.steps(11, 12, every=None)
+    return s.events
+
+
+def test_a_crash_loop_under_an_unlimited_budget_is_a_finding():
+    from chaos.progress import Finding, StallWatch
+    from chaos.verify import crash_loop
+
+    v = crash_loop(looping(None), 3)
+    assert v is not None and v.diagnosis == "crash loop" and v.status == "fail", v
+    assert v.message.startswith("crash loop: 3 failures in a row without a step beyond 12")
+    assert "CUDA error" in v.message
+    with pytest.raises(Finding):
+        StallWatch()(looping("-1"))
+    # its twins: progress between the failures, a finite budget (it ends by itself), fewer failures
+    assert crash_loop(looping(None, progress=True), 3) is None
+    assert crash_loop(looping(5), 3) is None
+    assert crash_loop(looping(None, failures=2), 3) is None
+    # capacity waits while a node recovers are not a loop
+    s = Script().start_attempt().steps(1, 12).fault()
+    for _ in range(4):
+        s.decision(budget_class="controller", limit=None, error="startup timed out",
+                   error_types=("ControllerError", "WorkerGroupStartupTimeoutError"))
+    assert crash_loop(s.events, 3) is None
+
+
+def test_a_run_that_ends_before_the_trigger_is_a_finding_naming_the_trigger():
+    from chaos.triggers import trigger_blocker
+    from chaos.verify import ended_before_fault
+
+    s = Script().start_attempt().steps(1, 7).finish()
+    ended = trigger_blocker(s.events)
+    v = ended_before_fault(1, "after checkpoint 2 is committed", ended)
+    assert v.status == "fail" and v.diagnosis == "run ended before the fault", v
+    assert v.message.startswith("run ended before the fault: fault 1 waited after checkpoint 2 is committed, but "
+                                "recorder.run_finished")
+    # a warm-up fit() that ended is no blocker for the run after it
+    w = Script().start_attempt().steps(1, 3)
+    w.events.append(w._e("recorder", "run_finished", state="FINISHED"))
+    w.new_run().start_attempt().steps(1, 2)
+    assert trigger_blocker(w.events) is None
+
+
+def test_a_finish_phase_timeout_is_a_finding_driver_hang_or_run_not_finished():
+    from chaos.verify import did_not_end
+
+    s = Script().start_attempt().steps(1, 20)
+    v = did_not_end(s.events, 600, "RUNNING")
+    assert v.diagnosis == "run did not finish" and "within 600 s" in v.message and "rank 0 at step 20" in v.message
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    v = did_not_end(s.events, 600, "RUNNING")
+    assert v.diagnosis == "driver did not exit", v
+    assert v.message.startswith("driver did not exit: Train's run ended FINISHED, but 600 s later its job was still "
+                                "RUNNING")
