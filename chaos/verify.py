@@ -242,7 +242,7 @@ _SEVERITY = ["restarted from scratch", "resumed from an older checkpoint", "resu
 def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_step, attempt: int) -> _RankJudgement:
     if not commits:
         rule = "no checkpoint existed yet, so a fresh start at the run's first step"
-        if got == first_step:
+        if _same_step(got, first_step):
             return _RankJudgement(rank, got, "pass", "no checkpoint existed yet", first_step, None, rule)
         return _RankJudgement(rank, got, "fail", "resumed at an unexpected step", first_step, None, rule,
                               f"no checkpoint existed yet, so step {first_step} was expected")
@@ -260,7 +260,7 @@ def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_st
     older = []
     for c in commits[:-1]:
         p = run.resume_points(c, rank, attempt)
-        if p is not None and got in (p[0], p[1]):
+        if p is not None and _in(got, {p[0], p[1]}):
             older.append(p[0])
     if first_step is not None and got <= first_step:
         diagnosis = "restarted from scratch"

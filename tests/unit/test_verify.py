@@ -873,3 +873,18 @@ def test_a_finish_phase_timeout_is_a_finding_driver_hang_or_run_not_finished():
     assert v.diagnosis == "driver did not exit", v
     assert v.message.startswith("driver did not exit: Train's run ended FINISHED, but 600 s later its job was still "
                                 "RUNNING")
+
+
+def test_fractional_epoch_steps_are_compared_with_a_tolerance():
+    # steps as fractional epochs (0.1, 0.2, ...) that float arithmetic leaves a hair off
+    def epochs(first, last):
+        return [round(i * 0.1, 10) + (1e-12 if i % 3 else 0.0) for i in range(first, last + 1)]
+
+    s = Script().start_attempt()
+    for i, e in zip(range(1, 13), epochs(1, 12)):
+        s.report({0: e, 1: e}, f"/storage/ck_{i}" if i % 5 == 0 else None)
+    s.fault().decision().start_attempt()
+    for e in epochs(11, 20):
+        s.report({0: e + 3e-12, 1: e + 3e-12})
+    [v] = resumed_from_latest(s.finish().timeline())
+    assert v.status == "pass", v.line()
