@@ -52,7 +52,7 @@ DIAGNOSES: tuple[str, ...] = (
     # recovery-time
     "recovery too slow", "inconclusive", "unverifiable: no report after the fault",
     # preemption-window
-    "no just-in-time checkpoint", "checkpoint inside the preemption window",
+    "no just-in-time checkpoint", "checkpoint inside the preemption window", "unverifiable: no checkpoint cadence",
     # run-finished
     "run failed", "run did not finish", "run did not fail cleanly",
     # progress (chaos.progress, chaos.experiment), healed
@@ -1053,14 +1053,46 @@ def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
                   else "no checkpoint committed inside the window")
         name = f"preemption-window (preemption {i})"
         want = expect.checkpoint_in_window
+        before = sorted({s for r in timeline.of("report") if r.data.get("checkpoint") and r.t < notice.t
+                         for s in steps_of(r).values()})
+        cadence = _cadence(before)
+        periodic = [s for s in steps if cadence is not None and _on_cadence(s, before[-1], cadence)]
+        evidence.update(periodic_checkpoint_steps=before, cadence=cadence, on_cadence=periodic)
         if want is None:
             out.append(Verdict(name, "n/a", f"{when}; {inside} (not required either way)", evidence=evidence))
+        elif want and commits and cadence is None:
+            out.append(Verdict(name, "unverifiable", f"unverifiable: {inside}, but no checkpoint was committed before "
+                               "the notice, so nothing tells a periodic checkpoint from one made because of the notice "
+                               f"({when})", "unverifiable: no checkpoint cadence", evidence))
+        elif want and commits and len(periodic) == len(steps):
+            out.append(Verdict(name, "fail", f"no just-in-time checkpoint: {inside}, but step "
+                               f"{', '.join(map(str, periodic))} falls on the script's periodic cadence (every "
+                               f"{cadence} steps from {before[-1]}), which explains it without the notice ({when})",
+                               "no just-in-time checkpoint", evidence))
         elif bool(commits) == want:
-            out.append(Verdict(name, "pass", f"{when}; {inside}", evidence=evidence))
+            out.append(Verdict(name, "pass", f"{when}; {inside}" + (
+                f", off the periodic cadence (every {cadence} steps from {before[-1]})" if want else ""),
+                evidence=evidence))
         else:
             diagnosis = "no just-in-time checkpoint" if want else "checkpoint inside the preemption window"
             out.append(Verdict(name, "fail", f"{diagnosis}: {when}; {inside}", diagnosis, evidence))
     return out
+
+
+def _cadence(steps: list) -> Any:
+    """The periodic checkpoint interval the committed ``steps`` show: their most common
+    difference, or the one step itself (counted from 0); None with no checkpoint."""
+    if not steps:
+        return None
+    diffs = collections.Counter(b - a for a, b in zip(steps, steps[1:]) if b > a)
+    return diffs.most_common(1)[0][0] if diffs else steps[0]
+
+
+def _on_cadence(step: Any, last: Any, cadence: Any) -> bool:
+    if not cadence or step <= last:
+        return False
+    k = round((step - last) / cadence)
+    return k >= 1 and _same_step(last + k * cadence, step)
 
 
 def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True) -> list[Verdict]:

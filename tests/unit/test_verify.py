@@ -888,3 +888,27 @@ def test_fractional_epoch_steps_are_compared_with_a_tolerance():
         s.report({0: e + 3e-12, 1: e + 3e-12})
     [v] = resumed_from_latest(s.finish().timeline())
     assert v.status == "pass", v.line()
+
+
+def windowed(every, window_checkpoint):
+    """Checkpoints every ``every`` steps (None: none) up to step 12, the notice, steps 13..16
+    with a checkpoint at ``window_checkpoint``, the node gone, the restart."""
+    s = Script().start_attempt().steps(1, 12, every=every).preemption(window_s=8.0)
+    for step in range(13, 17):
+        s.report({0: step, 1: step}, f"/storage/checkpoint_{step}" if step == window_checkpoint else None)
+    return s.gone().decision(budget_class="preemption").start_attempt().steps(window_checkpoint + 1, 20,
+                                                                              every=None).finish().timeline()
+
+
+def test_a_periodic_checkpoint_that_lands_in_the_window_is_no_just_in_time_checkpoint():
+    [v] = preemption_window(windowed(5, 15), Expectation(checkpoint_in_window=True))
+    assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
+    assert "step 15 falls on the script's periodic cadence (every 5 steps from 10)" in v.message
+    # the twin: off the cadence, made because of the notice
+    [v] = preemption_window(windowed(5, 13), Expectation(checkpoint_in_window=True))
+    assert v.status == "pass" and "off the periodic cadence (every 5 steps from 10)" in v.message, v.line()
+
+
+def test_a_window_checkpoint_with_no_cadence_before_the_notice_is_unverifiable():
+    [v] = preemption_window(windowed(None, 14), Expectation(checkpoint_in_window=True))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint cadence", v.line()
