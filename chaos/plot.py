@@ -1,7 +1,8 @@
 """The timeline picture: what happened to training, when, and what it cost.
 
 One PNG per chaos test, attached to its Allure result.  Training step against wall time
-(seconds since the first event), one colour per attempt, checkpoint commits marked;
+(seconds since the first event), one colour per attempt (one line per rank, in the
+attempt's colour, where its ranks reported different steps), checkpoint commits marked;
 vertical lines for faults, node deaths/rejoins and attempt starts; the re-done (lost)
 steps shaded; time to detect and time to recover drawn from each fault.
 
@@ -19,7 +20,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
 from matplotlib.ticker import MaxNLocator
 
-from chaos.timeline import Event, Timeline, recovery_metrics
+from chaos.timeline import Event, Timeline, recovery_metrics, steps_of
 
 MARKER_STYLE = {
     "fault_injected": {"color": "tab:red", "linestyle": "--", "linewidth": 1.6},
@@ -72,11 +73,14 @@ class Recovery:
 @dataclasses.dataclass
 class PlotData:
     has_steps: bool
-    attempts: dict[int, list[Point]]
+    attempts: dict[int, list[Point]]  # rank 0's steps, for attempts whose ranks agreed
     markers: list[Marker]
     lost: list[LostSpan]
     recoveries: list[Recovery]
     end_x: float
+    # attempts whose ranks reported different steps (one restarting from scratch, say):
+    # (attempt, rank) -> that rank's points, drawn instead of the attempt's single line
+    ranks: dict[tuple[int, int], list[Point]] = dataclasses.field(default_factory=dict)
 
 
 def plot_data(timeline: Timeline) -> PlotData:
@@ -87,8 +91,17 @@ def plot_data(timeline: Timeline) -> PlotData:
     has_steps = any(r.data.get("step") is not None for r in reports)
 
     attempts: dict[int, list[Point]] = {a.attempt: [] for a in timeline.attempts() if a.attempt is not None}
+    split = {r.attempt for r in reports if len(set(steps_of(r).values())) > 1}
+    ranks: dict[tuple[int, int], list[Point]] = {}
     for r in reports:
-        attempts.setdefault(r.attempt, []).append(Point(r.t - t0, r.data.get("step"), bool(r.data.get("checkpoint"))))
+        if r.attempt in split:
+            for rank, step in sorted(steps_of(r).items()):
+                ranks.setdefault((r.attempt, rank), []).append(Point(r.t - t0, step, bool(r.data.get("checkpoint"))))
+        else:
+            attempts.setdefault(r.attempt, []).append(Point(r.t - t0, r.data.get("step"),
+                                                            bool(r.data.get("checkpoint"))))
+    for a in split:
+        attempts.pop(a, None)
 
     return PlotData(
         has_steps=has_steps,
@@ -97,6 +110,7 @@ def plot_data(timeline: Timeline) -> PlotData:
         lost=_lost_spans(timeline, t0) if has_steps else [],
         recoveries=[Recovery(m.fault_t - t0, m.time_to_detect, m.time_to_recover) for m in recovery_metrics(timeline)],
         end_x=(events[-1].t - t0) if events else 0.0,
+        ranks=dict(sorted(ranks.items())),
     )
 
 
@@ -135,16 +149,21 @@ def render_timeline(timeline: Timeline, path: str | os.PathLike, title: str = ""
     data = plot_data(timeline)
     fig = Figure(figsize=(11, 5.5), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    colours = _attempt_colours(len(data.attempts))
-
-    for (attempt, points), colour in zip(data.attempts.items(), colours):
+    order = sorted(set(data.attempts) | {a for a, _ in data.ranks}, key=lambda a: (a is None, a or 0))
+    colour_of = dict(zip(order, _attempt_colours(len(order))))
+    lines = [(attempt, None, points) for attempt, points in data.attempts.items()]
+    lines += [(attempt, rank, points) for (attempt, rank), points in data.ranks.items()]
+    for attempt, rank, points in lines:
+        colour = colour_of[attempt]
         xs = [p.x for p in points]
         ys = [_nan_if_none(p.step) for p in points] if data.has_steps else [attempt or 0] * len(points)
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.4, color=colour, label=f"attempt {attempt}")
+        label = f"attempt {attempt}" + (f", rank {rank}" if rank is not None else "")
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.4, color=colour, label=label,
+                linestyle="-" if not rank else (0, (4, 1 + rank)))
         ckpt = [(p.x, y) for p, y in zip(points, ys) if p.checkpoint]
         if ckpt:
             ax.scatter(*zip(*ckpt), marker="D", s=42, color=colour, edgecolors="black", zorder=3)
-    if any(p.checkpoint for points in data.attempts.values() for p in points):
+    if any(p.checkpoint for _, _, points in lines for p in points):
         ax.scatter([], [], marker="D", s=42, color="white", edgecolors="black", label="checkpoint committed")
 
     for span in data.lost:
@@ -167,7 +186,7 @@ def render_timeline(timeline: Timeline, path: str | os.PathLike, title: str = ""
     ax.set_title((title or "Ray Train run under chaos") + suffix, fontsize=11)
     ax.grid(alpha=0.25)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, ncol=1 + len(data.attempts) // 20)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, ncol=1 + len(lines) // 20)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -80,3 +80,22 @@ def test_zero_faults_and_empty_timeline(recovered_timeline, tmp_path):
     empty = plot_data(Timeline())
     assert (empty.attempts, empty.markers, empty.lost, empty.recoveries) == ({}, [], [], [])
     assert render_timeline(Timeline(), tmp_path / "empty.png").is_file()
+
+
+def test_ranks_that_disagree_get_a_line_each(tmp_path):
+    """Rank 1 restarts from scratch while rank 0 resumes at 11: one line per rank for that
+    attempt (the attempt's single line showed rank 0 only, and the bug was invisible)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from timelines import Script
+
+    tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+          .steps(11, 20, rank_step=lambda r, s: s - 10 if r == 1 else s).finish().timeline())
+    data = plot_data(tl)
+    assert sorted(data.attempts) == [0]  # its ranks agreed: one line
+    assert sorted(data.ranks) == [(1, 0), (1, 1)]
+    assert [p.step for p in data.ranks[(1, 0)]][:2] == [11, 12]
+    assert [p.step for p in data.ranks[(1, 1)]][:2] == [1, 2]
+    assert_png(render_timeline(tl, tmp_path / "ranks.png", title="rank 1 from scratch"))
