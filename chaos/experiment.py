@@ -488,6 +488,10 @@ class Experiment:
             r.attach_json("nodes after", self.env.cluster.table())
             r.attach_file("job log", run.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])
+            warnings = [v for v in verdicts if v.status == "warning"]
+            if warnings:  # shown on the test's page, though they do not fail it
+                r.parameter("warnings", "; ".join(f"{v.name}: {v.diagnosis}" for v in warnings))
+                r.attach_text("warnings", "\n".join(v.line() for v in warnings))
             evidence = {f"{i}: {inj.fault.describe()}": inj.evidence
                         for i, inj in enumerate(self._injections, 1) if inj.evidence}
             if evidence:

@@ -45,9 +45,12 @@ def pytest_addoption(parser):
     g.addoption("--chaos-step-metric", default="auto", metavar="NAME[,NAME...]",
                 help="the reported metric(s) that count training steps, tried in order; 'auto' (default) tries "
                      "the names Ray's own framework callbacks report (step, global_step, ...)")
-    g.addoption("--chaos-state-metric", default=None, metavar="NAME",
-                help="a metric a correct restore reproduces at a re-done step (e.g. loss) for workloads that are "
-                     "deterministic per step; on (loss) for the reference workload, off for your own by default")
+    g.addoption("--chaos-state-metric", default="auto", metavar="NAME",
+                help="a metric a correct restore reproduces at a re-done step; 'auto' (default) takes the training "
+                     "loss (loss, train_loss, training_loss) when your script reports one")
+    g.addoption("--chaos-deterministic", action="store_true",
+                help="your script gives the same metrics from the same state at the same step: a state value that "
+                     "does not reproduce fails ('state not restored'); without it that is a warning ('state differs')")
     g.addoption("--chaos-unverifiable", choices=["fail", "warn"], default="fail",
                 help="an unverifiable verdict (missing evidence) fails the test (default) or only warns")
     g.addoption("--chaos-stall-limit", type=float, default=None, metavar="S",
@@ -404,6 +407,7 @@ class Expect:
     slo_recover_s: float | None = None
     checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
     final_state: bool = False  # compare the final state with a fault-free run's (chaos.baseline)
+    deterministic: bool | None = None  # see Expectation; None: what the workload declares
 
 
 @dataclasses.dataclass
@@ -428,12 +432,13 @@ class Chaos:
         name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_") + "-" + uuid.uuid4().hex[:6]
         if self.user_workload:
             return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
-                             working_dir=self._opt("chaos_workload_dir"), state_metric=self._opt("chaos_state_metric"))
+                             working_dir=self._opt("chaos_workload_dir"), state_metric=self._opt("chaos_state_metric"),
+                             deterministic=self._opt("chaos_deterministic"))
         profile = self.env.backend.profile
         if profile is not None and profile.workload.kind == "entrypoint":
             w = profile.workload
             spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir,
-                             state_metric=w.state_metric)
+                             state_metric=w.state_metric, deterministic=w.deterministic)
             spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
             return spec
         params.setdefault("seed", self._opt("chaos_seed"))
@@ -486,12 +491,15 @@ class Chaos:
 
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
-               checkpoint_in_window: bool | None = None, final_state: bool = False) -> Expect:
+               checkpoint_in_window: bool | None = None, final_state: bool = False,
+               deterministic: bool | None = None) -> Expect:
         """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
-        ``final_state=True`` also compares the run's final state with a fault-free run's."""
-        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state)
+        ``final_state=True`` also compares the run's final state with a fault-free run's;
+        ``deterministic=True`` makes a state value that does not reproduce a failure."""
+        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state,
+                      deterministic)
 
-    def _expectation(self, expect: Expect, faults: list) -> Expectation:
+    def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
         profile = self.env.backend.profile
         kinds = sorted({f.kind for _, f in faults})
@@ -506,13 +514,14 @@ class Chaos:
         recover = expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos)
         return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
                            slo_detect_s=detect, slo_recover_s=recover,
-                           checkpoint_in_window=expect.checkpoint_in_window)
+                           checkpoint_in_window=expect.checkpoint_in_window,
+                           deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic)
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what
         the faults imply."""
         expect = expect or Expect()
-        expectation = self._expectation(expect, faults)
+        expectation = self._expectation(expect, faults, workload)
         reporter = live_reporter(self.request.config)
         judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"), self._opt("chaos_crash_loop"))
         exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,

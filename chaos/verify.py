@@ -43,8 +43,8 @@ DIAGNOSES: tuple[str, ...] = (
     "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
     "unverifiable: no reporting stride", "unverifiable: run not recorded",
     "unverifiable: no attempt after resubmission",
-    # state-restored, final-state
-    "state not restored", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
+    # state-restored, final-state ("state differs": a warning — not declared deterministic)
+    "state not restored", "state differs", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
     "unverifiable: no baseline",
     # within-budget
     "retry budget exhausted", "charged to the wrong budget class", "unexpected number of charged failures",
@@ -68,7 +68,7 @@ DIAGNOSES: tuple[str, ...] = (
 @dataclasses.dataclass
 class Verdict:
     name: str
-    status: str  # pass | fail | unverifiable | expected | n/a
+    status: str  # pass | fail | unverifiable | expected | n/a | warning (shown, never fails)
     message: str
     diagnosis: str | None = None
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -102,6 +102,10 @@ class Expectation:
     # The fault-free run's final state to compare with (final-state verdict; chaos.baseline
     # makes it); None: the suite did not ask for the check.
     final_state: "Baseline | None" = None
+    # The workload declares that the same state at the same step gives the same metrics: a
+    # state value that does not reproduce then fails; without it, it is a warning (a data
+    # order or RNG the script does not restore can explain it).
+    deterministic: bool = False
 
 
 # -- resumed-from-latest -------------------------------------------------------------
@@ -123,7 +127,8 @@ class _RankJudgement:
 class _RunReports:
     """One run's reports, with the per-rank views the resume rule needs."""
 
-    def __init__(self, events: list[Event]):
+    def __init__(self, events: list[Event], deterministic: bool = True):
+        self.deterministic = deterministic
         self.reports = [e for e in events if e.kind == "report"]
         self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"})
         self.stepped = [r for r in self.reports if steps_of(r)]
@@ -308,24 +313,28 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
                               "after the step that follows a checkpoint is reported)")
     (was_attempt, was), (_, value) = earlier, now
     if not _reproduces(value, was):
-        return _RankJudgement(rank, got, "fail", "state not restored", nxt, ck, rule,
-                              f"step {trained} gave {value:.6g} in attempt {attempt} but {was:.6g} in attempt "
-                              f"{was_attempt}: step {ck} was trained again, or the state was not restored")
+        why = (f"step {trained} gave {value:.6g} in attempt {attempt} but {was:.6g} in attempt {was_attempt}: "
+               f"step {ck} was trained again, or the state was not restored")
+        if run.deterministic:
+            return _RankJudgement(rank, got, "fail", "state not restored", nxt, ck, rule, why)
+        return _RankJudgement(rank, got, "warning", "state differs", nxt, ck, rule,
+                              why + f" (a warning: the workload is not declared deterministic, {DETERMINISM_HINT})")
     return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g}")
 
 
-def resumed_from_latest(timeline: Timeline) -> list[Verdict]:
+def resumed_from_latest(timeline: Timeline, deterministic: bool = True) -> list[Verdict]:
     """One verdict per restart per run: did every rank resume right after the latest checkpoint?"""
     all_runs = runs(timeline)
     verdicts = []
     for i, (run_id, events) in enumerate(all_runs, 1):
         label = f"run {i}, " if len(all_runs) > 1 else ""
-        verdicts.extend(_resumes_of_run(timeline, run_id, events, label))
+        verdicts.extend(_resumes_of_run(timeline, run_id, events, label, deterministic))
     return verdicts
 
 
-def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label: str) -> list[Verdict]:
-    run = _RunReports(events)
+def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label: str,
+                    deterministic: bool = True) -> list[Verdict]:
+    run = _RunReports(events, deterministic)
     if len(run.attempts) < 2:
         return []
     started = next((e for e in events if e.kind == "controller_started"), None)
@@ -535,6 +544,11 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
         evidence["rule"] = unsure[0].rule
         return Verdict(name, "unverifiable", f"unverifiable: attempt {attempt}, rank {unsure[0].rank}: {unsure[0].why}",
                        unsure[0].diagnosis, evidence)
+    warned = [j for j in judged if j.status == "warning"]
+    if warned:
+        evidence["rule"] = warned[0].rule
+        return Verdict(name, "warning", f"state differs: attempt {attempt}, rank {warned[0].rank} began at the "
+                       f"checkpoint's own step {warned[0].got}, and {warned[0].why}", "state differs", evidence)
     j = judged[0]
     evidence["rule"] = j.rule
     every = f" on every rank ({len(judged)})" if len(judged) > 1 else ""
@@ -551,18 +565,28 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
 
 
 # -- state-restored --------------------------------------------------------------------
-def state_restored(timeline: Timeline) -> list[Verdict]:
+def state_restored(timeline: Timeline, deterministic: bool = True) -> list[Verdict]:
     """Per restart: a re-done step's state value (e.g. loss) equals the earlier attempt's.
 
     Catches a restore that set the step counter but not the weights.  Only for runs that
-    record a state metric (deterministic workloads)."""
+    record a state metric; a value that does not reproduce fails a ``deterministic``
+    workload and is a warning for any other."""
     verdicts = []
     all_runs = runs(timeline)
     for i, (run_id, events) in enumerate(all_runs, 1):
+        label = f"run {i}, " if len(all_runs) > 1 else ""
+        refused = next((r for r in events if r.kind == "report" and r.data.get("state_refused")), None)
+        if refused is not None:
+            rank, why = next(iter(refused.data["state_refused"].items()))
+            verdicts.append(Verdict(f"state-restored ({label}run)", "unverifiable",
+                                    f"unverifiable: no state metric: rank {rank} reported {why}, not a number, so no "
+                                    "restored state can be compared (report the loss as a float)",
+                                    "unverifiable: no state metric", {"run_id": run_id,
+                                                                      "refused": refused.data["state_refused"]}))
+            continue
         reports = [e for e in events if e.kind == "report" and e.data.get("states")]
         if not reports:
             continue
-        label = f"run {i}, " if len(all_runs) > 1 else ""
         attempts = sorted({r.attempt for r in reports})
         for attempt in attempts[1:]:
             seen: dict[tuple[int, Any], tuple[int, float]] = {}
@@ -586,22 +610,38 @@ def state_restored(timeline: Timeline) -> list[Verdict]:
             name = f"state-restored ({label}attempt {attempt})"
             evidence = {"run_id": run_id, "attempt": attempt, "compared": compared, "rtol": STATE_RTOL,
                         "atol": STATE_ATOL}
-            metric = next((e.data.get("state_metric") for e in events if e.kind == "controller_started"), "state")
+            metric = _state_metric_of(events)
             if not compared:
                 verdicts.append(Verdict(name, "n/a", f"not checked: attempt {attempt} re-did no step that an "
                                         f"earlier attempt had reported, so there is no {metric} to compare",
                                         None, evidence))
             elif mismatched:
                 m = mismatched[0]
-                verdicts.append(Verdict(
-                    name, "fail", f"state not restored: rank {m['rank']} reported {metric} {m['value']:.6g} at "
-                    f"re-done step {m['step']} in attempt {attempt}, but {m['earlier']:.6g} in attempt "
-                    f"{m['earlier_attempt']} ({len(mismatched)} of {len(compared)} re-done reports differ): the "
-                    "step counter was restored, the model state was not", "state not restored", evidence))
+                what = (f"rank {m['rank']} reported {metric} {m['value']:.6g} at re-done step {m['step']} in attempt "
+                        f"{attempt}, but {m['earlier']:.6g} in attempt {m['earlier_attempt']} ({len(mismatched)} of "
+                        f"{len(compared)} re-done reports differ)")
+                if deterministic:
+                    verdicts.append(Verdict(name, "fail", f"state not restored: {what}: the step counter was restored, "
+                                            "the model state was not", "state not restored", evidence))
+                else:
+                    verdicts.append(Verdict(name, "warning", f"state differs: {what} — a warning, not a failure: the "
+                                            f"workload is not declared deterministic ({DETERMINISM_HINT}), and a data "
+                                            "order or RNG it does not restore can explain it", "state differs",
+                                            evidence))
             else:
                 verdicts.append(Verdict(name, "pass", f"{len(compared)} re-done report(s) reproduced the earlier "
                                         f"attempt's {metric}", None, evidence))
     return verdicts
+
+
+DETERMINISM_HINT = "--chaos-deterministic, or chaos.expect(deterministic=True)"
+
+
+def _state_metric_of(events: list[Event]) -> str:
+    """The state metric the run's reports carry (auto: the one found), else the setting."""
+    used = next((e.data["state_metric"] for e in events if e.kind == "report" and e.data.get("state_metric")), None)
+    return used or next((e.data.get("state_metric") for e in events if e.kind == "controller_started"), None) \
+        or "state"
 
 
 # -- within-budget ---------------------------------------------------------------------
@@ -1099,9 +1139,10 @@ def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True)
     """Every verdict; for a run stopped because it stalled (``finished=False``), only the
     restarts it made — the stall itself is the finding about how it ended."""
     final = [final_state_matches(timeline, expect.final_state)] if expect.final_state is not None else []
+    det = expect.deterministic
     if not finished:
-        return [*resumed_from_latest(timeline), *state_restored(timeline), *final]
-    return [*resumed_from_latest(timeline), *state_restored(timeline), within_budget(timeline, expect),
+        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), *final]
+    return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), within_budget(timeline, expect),
             *recovery_time(timeline, expect), *preemption_window(timeline, expect), run_finished(timeline, expect),
             *final]
 

@@ -423,7 +423,8 @@ class WorkloadSettings(_Model):
     working_dir: str | None = None
     runtime_env: dict[str, Any] = Field(default_factory=dict)
     step_metric: str = "auto"  # or comma-separated names, tried in order (chaos.train.recorder)
-    state_metric: str | None = None  # a value a correct restore reproduces at a re-done step
+    state_metric: str | None = "auto"  # a value a correct restore reproduces at a re-done step (auto: the loss)
+    deterministic: bool = False  # the same state at the same step gives the same metrics
 
     @field_validator("entrypoint")
     @classmethod
@@ -451,7 +452,7 @@ class WorkloadSettings(_Model):
                              + ("; both are set" if self.reference is not None else "; neither is set"))
         if self.reference is not None:
             extra = [k for k, unset in (("working_dir", None), ("runtime_env", {}), ("step_metric", "auto"),
-                                                 ("state_metric", None))
+                                        ("state_metric", "auto"), ("deterministic", False))
                      if getattr(self, k) != unset]
             if extra:
                 raise ValueError(f"{', '.join(extra)} only apply to an entrypoint workload, not to reference")

@@ -27,6 +27,9 @@ from typing import Any, Callable
 # Transformers: TrainerState.global_step through log_history; Lightning: trainer.global_step),
 # then names other loops commonly count with.
 AUTO_STEP_METRICS = ("step", "global_step", "training_iteration", "iteration")
+# --chaos-state-metric auto: the training loss under the names scripts and Ray's framework
+# callbacks report it.
+AUTO_STATE_METRICS = ("loss", "train_loss", "training_loss")
 _DECISION_RE = re.compile(
     r"\[FailurePolicy\]\s+(?P<decision>\w+)\s+Source:\s+(?P<source>[\w ]+?)\s+"
     r"Error count:\s+(?P<count>\d+)\s+\(max allowed:\s+(?P<limit>[\w.]+)\)"
@@ -88,6 +91,8 @@ class Recording:
         self.step_metric_spec = step_metric or "auto"
         self.step_names = step_metric_names(self.step_metric_spec)
         self.state_metric = state_metric or None
+        self.state_names = (AUTO_STATE_METRICS if state_metric == "auto" else (state_metric,)) if state_metric else ()
+        self.state_used: str | None = None  # the state metric the reports carry (auto: the first found)
         self.step_metric: str | None = None  # the first of step_names a report carried
         self.run_id = ""
         self.ranks: list = []  # world rank of each worker, in worker-group order
@@ -160,7 +165,7 @@ class Recording:
         """One event per report round, with every rank's step (and state value)."""
         metrics, checkpoint = f["metrics"], f["checkpoint"]
         ranks = self.ranks if len(self.ranks) == len(metrics) else list(range(len(metrics)))
-        steps, sources, states = {}, {}, {}
+        steps, sources, states, refused = {}, {}, {}, {}
         for rank, m in zip(ranks, metrics):
             m = m or {}
             step = as_number(self._step_of(m))
@@ -170,9 +175,27 @@ class Recording:
             if step is not None:
                 self.last_step[rank] = step
             steps[str(rank)], sources[str(rank)] = step, source
-            if self.state_metric:
-                states[str(rank)] = as_number(m.get(self.state_metric))
+            if self.state_names:
+                value, why = self._state_of(m)
+                states[str(rank)] = value
+                if why:
+                    refused[str(rank)] = why
         first = str(ranks[0]) if ranks else None
+        extra: dict = {"state_metric": self.state_used} if self.state_names and self.state_metric != self.state_used \
+            else {}
+        if refused:
+            extra["state_refused"] = refused
         self._emit(t, "report", attempt=self.attempt, step=steps.get(first), steps=steps, step_sources=sources,
                    step_metric=self.step_metric, states=states or None, checkpoint=checkpoint,
-                   metrics=_scalar_metrics(metrics[0] if metrics else {}))
+                   metrics=_scalar_metrics(metrics[0] if metrics else {}), **extra)
+
+    def _state_of(self, metrics: dict) -> tuple[Any, str | None]:
+        """(the rank's state value, why a reported one was refused): a state metric that is
+        not a number is refused with its type, never silently dropped."""
+        if self.state_used is None:
+            self.state_used = next((n for n in self.state_names if n in metrics), None)
+        if self.state_used is None or metrics.get(self.state_used) is None:
+            return None, None
+        raw = metrics[self.state_used]
+        value = as_number(raw)
+        return value, None if value is not None else f"{self.state_used} = {raw!r} ({type(raw).__name__})"

@@ -41,7 +41,8 @@ class RunSpec:
     name: str
     working_dir: str | None = None
     step_metric: str = "auto"  # "auto" or comma-separated names (chaos.train.recording.step_metric_names)
-    state_metric: str | None = None  # a per-step value a correct restore reproduces (deterministic workloads)
+    state_metric: str | None = None  # a per-step value a correct restore reproduces ("auto": the loss)
+    deterministic: bool = False  # the same state at the same step gives the same metrics (verify.Expectation)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
     params: dict = dataclasses.field(default_factory=dict)  # for reports only
     user_workload: bool = False
@@ -57,18 +58,18 @@ def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_
     args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in params.items())
     entry = (f"{shlex.quote(sys.executable)} -m chaos.train.workloads.reference {args} "
              f"--storage-path {shlex.quote(storage_path)} --name {shlex.quote(name)}")
-    return RunSpec(entrypoint=entry, name=name, step_metric="step", state_metric="loss",
+    return RunSpec(entrypoint=entry, name=name, step_metric="step", state_metric="loss", deterministic=True,
                    params={"workload": "reference", **params})
 
 
 def user_spec(command: str, name: str, step_metric: str = "auto", working_dir: str | None = None,
-              state_metric: str | None = None) -> RunSpec:
+              state_metric: str | None = "auto", deterministic: bool = False) -> RunSpec:
     """The user's own Ray Train script, shipped with its directory, unchanged."""
     if not command.strip():
         raise WorkloadError("--chaos-workload is empty; give the command that starts your training script")
     return RunSpec(entrypoint=command, name=name, working_dir=working_dir or str(Path.cwd()),
-                   step_metric=step_metric, state_metric=state_metric, params={"workload": command},
-                   user_workload=True)
+                   step_metric=step_metric, state_metric=state_metric, deterministic=deterministic,
+                   params={"workload": command}, user_workload=True)
 
 
 def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:

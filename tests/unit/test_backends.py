@@ -21,6 +21,7 @@ from chaos.faults.raylet import RayletKill
 from chaos.profile import profile_from_dict
 from chaos.pytest_plugin import Chaos
 from chaos.safety import NodeInfo, TargetRefused
+from chaos.train.run import reference_spec, user_spec
 from chaos.transport.base import CommandResult
 
 HEAD = Node("h" * 56, "10.0.0.1", True, True, 1.0, None, None, {}, {})
@@ -250,6 +251,9 @@ def test_one_fault_object_injected_twice_keeps_each_injection_apart():
 
 
 # -- expectations from the faults -----------------------------------------------------------------
+USER = user_spec("python train.py", "t-1", working_dir="/tmp")
+
+
 def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
     options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
@@ -259,7 +263,7 @@ def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
 
 def test_expectation_follows_from_the_faults_and_the_options():
     chaos = chaos_with(detect=12, recover=90)
-    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, RayletKill(rank=0))])
+    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, RayletKill(rank=0))], USER)
     assert (e.charged, e.budget_exhausted, e.slo_detect_s, e.slo_recover_s) == ({"worker_group": 2}, False, 12, 90)
 
 
@@ -267,7 +271,7 @@ def test_expectation_reads_the_profiles_slos_and_budget_per_kind():
     p = profile(faults={"raylet-kill": {"slo_detect_s": 5, "slo_recover_s": 50, "expected_budget": "preemption"},
                         "cuda": {"slo_detect_s": 8, "slo_recover_s": 40}})
     chaos = chaos_with(p)
-    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, CudaFault(shim_path="/x"))])
+    e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, CudaFault(shim_path="/x"))], USER)
     assert e.charged == {"preemption": 1, "worker_group": 1}
     assert (e.slo_detect_s, e.slo_recover_s) == (5, 40)  # the strictest of the kinds'
 
@@ -275,8 +279,19 @@ def test_expectation_reads_the_profiles_slos_and_budget_per_kind():
 def test_what_the_suite_says_overrides_what_the_faults_imply():
     chaos = chaos_with(profile(faults={"raylet-kill": {"slo_detect_s": 5}}))
     e = chaos._expectation(chaos.expect(charged={"worker_group": 3}, budget_exhausted=True, slo_detect_s=9),
-                           [(None, RayletKill())])
+                           [(None, RayletKill())], USER)
     assert (e.charged, e.budget_exhausted, e.slo_detect_s) == ({"worker_group": 3}, True, 9)
+
+
+def test_determinism_is_what_the_workload_declares_unless_the_suite_says():
+    chaos = chaos_with()
+    faults = [(None, RayletKill())]
+    assert chaos._expectation(chaos.expect(), faults, USER).deterministic is False
+    assert chaos._expectation(chaos.expect(), faults, reference_spec("r", "/tmp/s")).deterministic is True
+    assert chaos._expectation(chaos.expect(deterministic=True), faults, USER).deterministic is True
+    assert chaos._expectation(chaos.expect(deterministic=False), faults, reference_spec("r", "/tmp/s")).deterministic \
+        is False
+
 
 
 def test_embedded_heal_waits_until_the_dead_node_is_seen_replaced(monkeypatch):

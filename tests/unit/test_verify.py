@@ -912,3 +912,38 @@ def test_a_periodic_checkpoint_that_lands_in_the_window_is_no_just_in_time_check
 def test_a_window_checkpoint_with_no_cadence_before_the_notice_is_unverifiable():
     [v] = preemption_window(windowed(None, 14), Expectation(checkpoint_in_window=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint cadence", v.line()
+
+
+# -- determinism: a state value that does not reproduce fails only a declared-deterministic workload --
+def test_a_state_that_does_not_reproduce_is_a_warning_unless_the_workload_is_deterministic():
+    tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
+          .start_attempt().steps(11, 20, state=lambda r, s: loss(r, s) * 1.5).finish().timeline())
+    [v] = state_restored(tl, deterministic=False)
+    assert v.status == "warning" and v.diagnosis == "state differs", v.line()
+    assert "a warning, not a failure" in v.message and "--chaos-deterministic" in v.message
+    assert not v.fails() and not v.fails("fail")
+    check([v])  # a warning never fails the test
+    [v] = state_restored(tl, deterministic=True)
+    assert v.status == "fail" and v.diagnosis == "state not restored"
+    # through verdicts_for, the expectation decides
+    assert [x.status for x in verdicts_for(tl, Expectation(charged={"worker_group": 1}, deterministic=False))
+            if x.name.startswith("state-restored")] == ["warning"]
+
+
+def test_at_the_checkpoint_step_a_next_step_that_does_not_reproduce_warns_for_a_nondeterministic_script():
+    tl = evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1)
+    [v] = resumed_from_latest(tl, deterministic=False)
+    assert v.status == "warning" and v.diagnosis == "state differs", v.line()
+    assert "began at the checkpoint's own step 10" in v.message and "not declared deterministic" in v.message
+    [v] = resumed_from_latest(tl, deterministic=True)
+    assert v.status == "fail" and v.diagnosis == "state not restored"
+
+
+def test_a_refused_state_metric_is_unverifiable_naming_what_was_reported():
+    s = Script(state_metric="auto").start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20)
+    for e in s.events:
+        if e.kind == "report" and e.data["steps"]["0"] == 3:
+            e.data["state_refused"] = {"0": "loss = 'nan' (str)"}
+    [v] = state_restored(s.finish().timeline())
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
+    assert "rank 0 reported loss = 'nan' (str), not a number" in v.message

@@ -1,0 +1,40 @@
+"""The recorder's logic (chaos.train.recording) without Ray: facts in, events out."""
+
+from chaos.train.recording import Recording
+
+
+def recorded(state_metric, *reports):
+    """The report events a Recording with ``state_metric`` makes of ``reports`` (each a list
+    of per-rank metric dicts)."""
+    events = []
+    r = Recording("auto", state_metric, events.append)
+    r.take("controller_started", 1.0, {"run_id": "r", "run_name": "n", "storage_path": "/s", "num_workers": 2,
+                                       "failure_config": {}})
+    r.take("worker_group_started", 2.0, {"workers": [{"rank": 0}, {"rank": 1}]})
+    for i, metrics in enumerate(reports):
+        r.take("reported", 3.0 + i, {"metrics": metrics, "checkpoint": None})
+    return [e["data"] for e in events if e["kind"] == "report"]
+
+
+def test_auto_state_metric_takes_the_training_loss_under_its_usual_names():
+    [first, second] = recorded("auto", [{"step": 1, "train_loss": 0.5}, {"step": 1, "train_loss": 0.25}],
+                               [{"step": 2, "train_loss": 0.4}, {"step": 2, "train_loss": 0.2}])
+    assert first["states"] == {"0": 0.5, "1": 0.25} and first["state_metric"] == "train_loss"
+    assert second["states"] == {"0": 0.4, "1": 0.2}
+    [only] = recorded("auto", [{"step": 1, "loss": 0.5, "train_loss": 9.0}, {"step": 1, "loss": 0.25}])
+    assert only["state_metric"] == "loss" and only["states"]["0"] == 0.5
+
+
+def test_a_state_metric_that_is_not_a_number_is_refused_with_its_type_not_dropped():
+    [e] = recorded("auto", [{"step": 1, "loss": "0.5"}, {"step": 1, "loss": 0.25}])
+    assert e["states"] == {"0": None, "1": 0.25}
+    assert e["state_refused"] == {"0": "loss = '0.5' (str)"}
+
+
+def test_no_loss_reported_records_no_state_and_a_named_metric_is_read_as_named():
+    [e] = recorded("auto", [{"step": 1, "acc": 0.5}, {"step": 1, "acc": 0.6}])
+    assert e["states"] == {"0": None, "1": None} and "state_refused" not in e
+    [e] = recorded("acc", [{"step": 1, "acc": 0.5}, {"step": 1, "acc": 0.6}])
+    assert e["states"] == {"0": 0.5, "1": 0.6} and "state_metric" not in e  # the setting names it already
+    [e] = recorded(None, [{"step": 1, "loss": 0.5}, {"step": 1, "loss": 0.6}])
+    assert e["states"] is None
