@@ -51,6 +51,16 @@ EXPECTED = {
         "recovery-time": ("fail", "recovery too slow: training never resumed after the fault"),
         "run-finished": ("fail", None),
     },
+    "user_retrains_checkpoint_step": {  # range(step, N) after restoring: step 10 trained and committed again
+        "resumed-from-latest": ("fail", "resumed from an older checkpoint: attempt 1 began at step 10 on every rank"),
+    },
+    "user_epoch_local_step": {  # reports the step within its 5-step epoch: 0..4, 0..4, ...
+        "resumed-from-latest": ("unverifiable", "step metric 'step' goes back: rank 0 reported step 4, then 0 in "
+                                                "attempt 0"),
+    },
+    "user_no_step_after_restore": {  # the restored attempt reports its loss without the step
+        "resumed-from-latest": ("unverifiable", "without the step metric 'step' (it reported 'loss')"),
+    },
     # Hugging Face Trainer with Ray's callback: reports (with a checkpoint) at steps 4, 8, ...
     "hf_trainer_healthy": {
         "resumed-from-latest": ("pass", f"attempt 1 resumed at step 12, {RESUMED} (step 8) on every rank"),
@@ -74,9 +84,10 @@ EXPECTED = {
         "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 32 on every rank "
                                         "although checkpoint step 24"),
     },
-    # reports every 3rd step, checkpoints every 6th
+    # reports every 3rd step, checkpoints every 6th; in this recording the killed node's
+    # workers committed checkpoint 18 before Ray saw the node die (1.5 s after the kill)
     "every_third_healthy": {
-        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 15, {RESUMED} (step 12) on every rank"),
+        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 21, {RESUMED} (step 18) on every rank"),
         "run-finished": ("pass", "FINISHED"),
     },
 }
