@@ -139,3 +139,14 @@ def test_run_too_short_for_its_fault_is_a_finding(tmp_path):
     assert code == 1, out[-4000:]
     assert "run ended before the fault: fault 1 waited after checkpoint 2 is committed" in out, out[-4000:]
     assert "WaitTimeout" not in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_crash_loop_under_an_unlimited_budget_is_a_finding(tmp_path):
+    """Every restart raises loading its checkpoint and FailureConfig(max_failures=-1) retries
+    forever: after 3 failures in a row without a new step the test fails as a crash loop,
+    instead of waiting for a recovery that cannot come."""
+    code, out = run_suite(tmp_path, "--crash-on-restore --max-failures -1", tape=None)
+    assert code == 1, out[-4000:]
+    assert "crash loop: 3 failures in a row without a step beyond" in out, out[-4000:]
+    assert "could not load the checkpoint" in out, out[-4000:]
