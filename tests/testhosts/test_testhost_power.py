@@ -12,6 +12,7 @@ from chaos.embedded.testhost import HostState
 from chaos.embedded.testhost_init import INIT_MARKER
 from chaos.errors import ClusterError, TransportError
 from chaos.transport.ssh import SSHTransport
+from chaos.waits import poll_until
 from testhost_waits import wait_text
 
 
@@ -44,6 +45,9 @@ def test_host_sees_its_own_machine(ssh, host):
 def test_systemctl_reboot_over_ssh(network, host, ssh):
     host.boot_delay = 2.0  # long enough to observe the host down
     boot, old_boot_id = host.boot_count, host.boot_id
+    # "up" means sshd answers; the init may report the workload's PID just after that
+    poll_until(lambda: (host.pids().get("workload"), f"PIDs reported: {host.pids()}"), 10,
+               "the host's init to report its workload's PID")
     old = snapshot(host.namespace_pids())
     assert len(old) >= 3 and host.pids()["workload"] in {pid for pid, _ in old}
 
