@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from chaos.errors import VerificationError
-from chaos.timeline import Event
+from chaos.timeline import Event, latest_run
 from chaos.verify import Verdict, crash_loop, did_not_resume, stalled
 
 STALL_FLOOR_S = 60.0
@@ -35,7 +35,7 @@ def silences(events: list[Event]) -> tuple[list[float], list[float]]:
     """The latest run's silences so far: (seconds from an attempt's start — its controller
     entering RUNNING — to its first report, seconds between consecutive reports of one
     attempt)."""
-    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+    latest = latest_run(events)
     firsts, gaps = [], []
     started: float | None = None
     last: float | None = None

@@ -190,6 +190,11 @@ def steps_of(report: Event) -> dict[int, int | float]:
     return {int(rank): step for rank, step in steps.items() if step is not None}
 
 
+def latest_run(events: list[Event]) -> str | None:
+    """The run_id of the latest Train run (``fit()``) whose controller started."""
+    return next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+
+
 def runs(timeline: Timeline) -> list[tuple[str, list[Event]]]:
     """The recorder events of each Train run (one per ``fit()``), in the order the runs started."""
     grouped: dict[str, list[Event]] = {}
@@ -282,8 +287,7 @@ def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
             a.t > fault.t for a in attempts)
         restart, first_report = None, None
         for a in (a for a in attempts if a.t >= fault.t):
-            first_report = next((r for r in reports if r.t >= a.t and r.attempt == a.attempt
-                                 and r.data.get("run_id") == a.data.get("run_id")), None)
+            first_report = next((r for r in reports if r.t >= a.t and r.attempt == a.attempt), None)
             if first_report is not None:
                 restart = a
                 break

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
 from chaos.errors import WaitTimeout
-from chaos.timeline import Event, Timeline
+from chaos.timeline import Event, Timeline, latest_run
 
 
 def trigger_blocker(events: list[Event]) -> Event | None:
     """The event after which no trigger can fire: the job's end, or the latest Train run's
     (a warm-up fit() that finished is followed by the run under test, not an end)."""
-    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+    latest = latest_run(events)
     return next((e for e in events if e.kind == "job_finished"
                  or (e.kind == "run_finished" and e.data.get("run_id") == latest)), None)
 
@@ -38,12 +39,11 @@ class AfterCheckpoint:
 
     def wait(self, timeline: Timeline, timeout: float) -> Event:
         def ready(events):
-            per_run: dict = {}
+            commits: collections.Counter = collections.Counter()
             for e in events:
                 if e.kind == "report" and e.data.get("checkpoint"):
-                    commits = per_run.setdefault(e.data.get("run_id"), [])
-                    commits.append(e)
-                    if len(commits) == self.k:
+                    commits[e.data.get("run_id")] += 1
+                    if commits[e.data.get("run_id")] == self.k:
                         return e
             return None
 

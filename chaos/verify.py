@@ -22,7 +22,8 @@ from typing import Any
 
 from chaos.errors import VerificationError
 from chaos.faults.catalog import limit_name
-from chaos.timeline import Event, Timeline, fault_groups, faulted_runs, recovery_metrics, runs, steps_of
+from chaos.timeline import (Event, Timeline, fault_groups, faulted_runs, latest_run, recovery_metrics, runs,
+                            steps_of)
 from chaos.train.recording import AUTO_STEP_METRICS as AUTO_STEP_NAMES
 
 # A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
@@ -900,7 +901,7 @@ def did_not_end(events: list[Event], waited_s: float, job_status: str | None) ->
 def crash_loop(events: list[Event], failures: int) -> Verdict | None:
     """``failures`` failure decisions in a row, each retried under an unlimited budget, with
     no step beyond the best one before them: Ray would retry forever (max_failures=-1)."""
-    latest = next((e.data.get("run_id") for e in reversed(events) if e.kind == "controller_started"), None)
+    latest = latest_run(events)
     mine = [e for e in events if e.data.get("run_id") == latest]
     loop = [e for e in mine if e.kind == "failure_decision" and e.data.get("decision") == "RETRY"
             and not set(e.data.get("error_types") or ()) & set(CAPACITY_ERRORS)]
