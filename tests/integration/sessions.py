@@ -1,13 +1,56 @@
-"""What every integration test that runs a chaos session in a subprocess checks afterwards,
-and the contract fixture it leaves (tests/contract) under make integration."""
+"""A chaos session as a user runs it — its own pytest process — against the shared stand-in
+cluster (conftest.py), what every such test checks afterwards, and the contract fixture it
+leaves (tests/contract) under make integration."""
 
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "contract"))
 
 import tapes  # noqa: E402  (tests/contract/tapes.py)
+
+from chaos.ledger import Ledger  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "examples" / "workloads"
+RAYLET_KILL = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
+
+
+def run_session(profile, reports, workload, *extra, tape, timeout=900):
+    """The raylet-kill suite (fault after checkpoint 2) with ``workload`` through ``profile``
+    (None: on its own embedded cluster, which must leave no process behind): exit code and
+    output.  A session past ``timeout`` gets SIGTERM (it reverts its faults on the way out) and
+    fails the test; every fault it injected must be reverted either way."""
+    cluster = ["--chaos-profile", str(profile)] if profile else []
+    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", RAYLET_KILL, "-p", "no:cacheprovider", "-q", "-s",
+           *cluster, "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
+           "--chaos-reports", str(reports), "--chaos-tape", *extra]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        out, _ = p.communicate(timeout=120)
+        pytest.fail(f"{workload}: the chaos session ran past {timeout} s\n{out[-4000:]}")
+    finally:
+        assert_reverted(Path(reports) / "ledger.jsonl")
+        if not profile:
+            assert_nothing_left(p.pid)
+    print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
+    record_contract(tape, reports, cmd)
+    return p.returncode, out
+
+
+def assert_reverted(ledger):
+    """Nothing the session injected is left on the shared cluster."""
+    entries = Ledger(ledger).entries().values() if ledger.exists() else []
+    left = [e for e in entries if e["state"] not in ("reverted", "nothing-to-revert")]
+    assert not left, f"faults left on the cluster: {left}"
 
 
 def assert_nothing_left(session_pid):

@@ -1,9 +1,9 @@
 """Real training scripts, written the way their users write them, under chaos.
 
 Each case runs the raylet-kill suite (fault after checkpoint 2) in a separate pytest
-session on its own embedded cluster, with the README's command line:
+session, as the README's command line does, against the shared stand-in cluster (conftest.py):
 
-    pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity \
+    pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity --chaos-profile P \
         --chaos-workload "python train_x.py --storage DIR [--bug]" --chaos-workload-dir examples/workloads
 
 No --chaos-step-metric: the default (auto) finds ``step`` (Ray's Hugging Face and
@@ -21,69 +21,39 @@ Lightning and every-3rd bug flags give the same diagnoses as the HF case and as
 test_user_workloads.py's rank-0-only case, so they are left to a run by hand (CI time:
 each session costs about 2 minutes).
 
-Time: 105-140 s per case on a 2-core machine; the scripts' own training is ~10-20 s of
-that, the rest is the harness's cluster start, job start (framework imports), the worker
-group's restart and teardown.
+Time: 65-85 s per case on a 2-core machine; the scripts' own training is ~10-20 s of
+that, the rest is pytest's start, the job's start (framework imports), the worker group's
+restart and the report.
 """
 
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from sessions import assert_nothing_left, record_contract
+from sessions import run_session
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = ROOT / "examples" / "workloads"
-SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
 RESUMED = re.compile(r"attempt 1 resumed at step (\d+), right after the latest checkpoint \(step (\d+)\) on every rank")
 
 pytestmark = pytest.mark.integration
 
 
-def run_suite(tmp_path, script, *script_args, tape, timeout=600):
+def run_suite(standin, tmp_path, script, *script_args, tape, timeout=600):
     """The session's exit code and output; its taped run becomes contract fixture ``tape``
     (tests/contract) under make integration."""
     name = f"chaos-fw-{uuid.uuid4().hex[:8]}"  # the Train run's name; also names the workers' local scratch
     workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), "--name", name, *script_args])
     try:
-        return _run_suite(tmp_path, workload, timeout, tape)
+        return run_session(standin[1], tmp_path / "reports", workload, tape=tape, timeout=timeout)
     finally:
         # Workers' local scratch in the machine's temp dir, which the embedded hosts share: the HF
         # Trainer's output_dir of a killed rank, Ray's Lightning callback's per-rank checkpoint dirs.
         for scratch in Path(tempfile.gettempdir()).glob(f"*{name}*"):
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _run_suite(tmp_path, workload, timeout, tape):
-    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
-           "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
-           "--chaos-reports", str(tmp_path / "reports"), "--chaos-tape"]
-    started = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.terminate()  # the session reverts its faults and stops its cluster on SIGTERM
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        assert_nothing_left(p.pid)
-        pytest.fail(f"{workload}: the chaos session ran past {timeout} s\n{out[-4000:]}")
-    print(f"{workload}: the chaos session took {time.monotonic() - started:.0f} s")
-    (tmp_path / "session.log").write_text(out)
-    print("".join(line for line in out.splitlines(keepends=True) if re.match(r"\[chaos [\d:]+\] (\[|[✓✗▶])", line)))
-    assert_nothing_left(p.pid)
-    record_contract(tape, tmp_path / "reports", cmd)
-    return p.returncode, out
 
 
 def assert_resumed_after_checkpoint(code, out, stride):
@@ -103,30 +73,30 @@ def assert_failed_with(code, out, *phrases):
 
 
 # -- Hugging Face Transformers Trainer + Ray's RayTrainReportCallback / prepare_trainer ----------
-def test_hf_transformers_trainer_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_hf_transformers.py", tape="hf_trainer_healthy")
+def test_hf_transformers_trainer_resumes_from_its_checkpoint(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_hf_transformers.py", tape="hf_trainer_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
-def test_hf_transformers_trainer_ignoring_its_checkpoint_restarts_from_scratch(tmp_path):
-    code, out = run_suite(tmp_path, "train_hf_transformers.py", "--ignore-checkpoint", tape="hf_trainer_ignores_checkpoint")
+def test_hf_transformers_trainer_ignoring_its_checkpoint_restarts_from_scratch(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_hf_transformers.py", "--ignore-checkpoint", tape="hf_trainer_ignores_checkpoint")
     assert_failed_with(code, out, "restarted from scratch: attempt 1 began at step 4 on every rank")
 
 
 # -- PyTorch Lightning + RayDDPStrategy / RayLightningEnvironment / RayTrainReportCallback --------
-def test_lightning_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_lightning.py", tape="lightning_healthy")
+def test_lightning_resumes_from_its_checkpoint(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_lightning.py", tape="lightning_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
 # -- plain torch, gradient accumulation: global_step advances by 4 per report --------------------
-def test_grad_accumulation_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_grad_accum.py", tape="grad_accum_healthy")
+def test_grad_accumulation_resumes_from_its_checkpoint(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_grad_accum.py", tape="grad_accum_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
 
 
-def test_grad_accumulation_off_by_one_resume_skips_data(tmp_path):
-    code, out = run_suite(tmp_path, "train_grad_accum.py", "--resume-next-step", tape="grad_accum_resumes_past_checkpoint")
+def test_grad_accumulation_off_by_one_resume_skips_data(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_grad_accum.py", "--resume-next-step", tape="grad_accum_resumes_past_checkpoint")
     assert_failed_with(code, out, "resumed past the checkpoint: attempt 1 began at step")
     m = re.search(r"resumed past the checkpoint: attempt 1 began at step (\d+) on every rank although "
                   r"checkpoint step (\d+) was committed", out)
@@ -134,7 +104,7 @@ def test_grad_accumulation_off_by_one_resume_skips_data(tmp_path):
 
 
 # -- plain torch reporting every 3rd step, checkpointing every 6th -------------------------------
-def test_every_third_step_reporter_resumes_from_its_checkpoint(tmp_path):
-    code, out = run_suite(tmp_path, "train_every_third.py", tape="every_third_healthy")
+def test_every_third_step_reporter_resumes_from_its_checkpoint(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "train_every_third.py", tape="every_third_healthy")
     assert_resumed_after_checkpoint(code, out, stride=3)
 

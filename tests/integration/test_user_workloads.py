@@ -1,56 +1,55 @@
 """A user's own script under chaos (--chaos-workload): the harness must catch the
-classic mistakes and say so in the test's failure — and leave nothing running.
+classic mistakes and say so in the test's failure — and leave nothing on the cluster.
 
-Each case runs a real chaos suite in a separate pytest session on its own embedded
-cluster, exactly as a user would.
+Each case runs a real chaos suite in its own pytest session, as a user would, against the
+shared stand-in cluster (conftest.py) — but for the one that never starts training, which
+starts its own embedded cluster as the README's command line does and must leave no process.
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from sessions import assert_nothing_left, record_contract
+from chaos.safety import scan_for_secrets
+from sessions import run_session
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = ROOT / "examples" / "workloads"
-SUITE = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
-
-
-def run_suite(tmp_path, workload_args, *extra, tape, timeout=900):
-    """The session's output and exit code; its taped run becomes contract fixture ``tape``
-    (tests/contract) under make integration."""
-    reports = tmp_path / f"reports-{tape}"
-    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", SUITE, "-p", "no:cacheprovider", "-q", "-s",
-           "--chaos-workload", f"{sys.executable} user_train.py --storage {tmp_path / 'storage'} {workload_args}",
-           "--chaos-workload-dir", str(WORKLOADS), "--chaos-reports", str(reports), "--chaos-tape", *extra]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = p.communicate(timeout=timeout)
-    assert_nothing_left(p.pid)
-    record_contract(tape, reports, cmd)
-    return p.returncode, out
+def run_suite(standin, tmp_path, workload_args, *extra, tape, timeout=900):
+    """The session's exit code and output; its taped run becomes contract fixture ``tape``
+    (tests/contract) under make integration.  ``standin`` None: its own embedded cluster."""
+    profile = standin[1] if standin else None
+    workload = f"{sys.executable} user_train.py --storage {tmp_path / 'storage'} {workload_args}"
+    return run_session(profile, tmp_path / f"reports-{tape}", workload, *extra, tape=tape, timeout=timeout)
 
 
 @pytest.mark.integration
-def test_correct_user_script_passes(tmp_path):
-    code, out = run_suite(tmp_path, "", tape="user_healthy")
+def test_correct_user_script_passes(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "", tape="user_healthy")
     assert code == 0, out[-4000:]
     assert "resumed at step 11, right after the latest checkpoint (step 10)" in out
+    assert "[        PASS] healed" in out
+    # Nothing the run wrote may carry the SSH private key of the stand-in's hosts or a key-like secret.
+    keys = [Path(h["ssh"]["key_file"]).read_text() for h in yaml.safe_load(standin[1].read_text())["hosts"]["overrides"]
+            if h.get("ssh", {}).get("key_file")]
+    hits = scan_for_secrets([tmp_path], secrets=keys)
+    assert not hits, hits
 
 
 @pytest.mark.integration
-def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(tmp_path):
-    code, out = run_suite(tmp_path, "--ignore-checkpoint", tape="user_ignores_checkpoint")
+def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "--ignore-checkpoint", tape="user_ignores_checkpoint")
     assert code == 1, out[-4000:]
     assert "restarted from scratch: attempt 1 began at step 1 on every rank although checkpoint step" in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_rank_that_restarts_from_scratch_is_named_and_the_hang_is_a_stall(tmp_path):
+def test_rank_that_restarts_from_scratch_is_named_and_the_hang_is_a_stall(standin, tmp_path):
     """Only rank 0 restores: rank 1 replays from step 1, and once rank 0 is done it waits in
-    the all-reduce forever.  The test fails on both findings instead of hanging."""
-    code, out = run_suite(tmp_path, "--restore-rank0-only", tape="user_restores_rank0_only")
+    the all-reduce forever.  The test fails on both findings instead of hanging (a stall limit
+    of 30 s, not the 60 s floor: the script reports every 0.3 s)."""
+    code, out = run_suite(standin, tmp_path, "--restore-rank0-only", "--chaos-stall-limit", "30",
+                          tape="user_restores_rank0_only")
     assert code == 1, out[-4000:]
     assert "restarted from scratch: rank 1 began attempt 1 at step 1" in out, out[-4000:]
     assert "while rank 0 resumed at 11" in out, out[-4000:]
@@ -59,21 +58,21 @@ def test_rank_that_restarts_from_scratch_is_named_and_the_hang_is_a_stall(tmp_pa
 
 
 @pytest.mark.integration
-def test_default_failure_config_fails_with_budget_exhausted(tmp_path):
-    code, out = run_suite(tmp_path, "--default-failure-config", tape="user_default_failure_config")
+def test_default_failure_config_fails_with_budget_exhausted(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "--default-failure-config", tape="user_default_failure_config")
     assert code == 1, out[-4000:]
     assert "retry budget exhausted: 1 failure charged to max_failures=0" in out, out[-4000:]
     assert "timed out" not in out.split("short test summary")[-1]
 
 
 @pytest.mark.integration
-def test_unknown_step_metric_is_unverifiable_until_named(tmp_path):
+def test_unknown_step_metric_is_unverifiable_until_named(standin, tmp_path):
     """A step counter under a name ``auto`` does not know: unverifiable, which fails the test
     by default; named with --chaos-step-metric, the restart is judged."""
-    code, out = run_suite(tmp_path, "--metric samples_seen", tape="user_unknown_step_metric")
+    code, out = run_suite(standin, tmp_path, "--metric samples_seen", tape="user_unknown_step_metric")
     assert "unverifiable: no step metric 'step', 'global_step'" in out, out[-4000:]
     assert code == 1, out[-4000:]
-    code, out = run_suite(tmp_path, "--metric samples_seen", "--chaos-step-metric", "samples_seen",
+    code, out = run_suite(standin, tmp_path, "--metric samples_seen", "--chaos-step-metric", "samples_seen",
                           tape="user_named_step_metric")
     assert "right after the latest checkpoint (step 10)" in out, out[-4000:]
     assert code == 0, out[-4000:]
@@ -81,72 +80,72 @@ def test_unknown_step_metric_is_unverifiable_until_named(tmp_path):
 
 @pytest.mark.integration
 def test_workload_that_fails_before_training_is_a_clear_error(tmp_path):
-    code, out = run_suite(tmp_path, "--crash-before-training", tape=None, timeout=600)
+    code, out = run_suite(None, tmp_path, "--crash-before-training", tape=None, timeout=600)
     assert code == 1, out[-4000:]
     assert "the workload did not start training" in out
     assert "could not open the training data" in out  # the job's own error, from its log
 
 
 @pytest.mark.integration
-def test_restore_of_the_previous_checkpoint_fails_as_an_older_checkpoint(tmp_path):
+def test_restore_of_the_previous_checkpoint_fails_as_an_older_checkpoint(standin, tmp_path):
     """The script scans its storage and loads the checkpoint before the latest (step 5, not 10)."""
-    code, out = run_suite(tmp_path, "--restore-previous-checkpoint", tape="user_restores_previous_checkpoint")
+    code, out = run_suite(standin, tmp_path, "--restore-previous-checkpoint", tape="user_restores_previous_checkpoint")
     assert code == 1, out[-4000:]
     assert "resumed from an older checkpoint" in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_restore_that_crashes_is_a_failure_the_fault_did_not_cause(tmp_path):
+def test_restore_that_crashes_is_a_failure_the_fault_did_not_cause(standin, tmp_path):
     """Every restart raises while loading its checkpoint: the kill is charged once, the crash
     again — a failure no injected fault explains — and the budget (max_failures=1) runs out."""
-    code, out = run_suite(tmp_path, "--crash-on-restore --max-failures 1", tape="user_crashes_on_restore")
+    code, out = run_suite(standin, tmp_path, "--crash-on-restore --max-failures 1", tape="user_crashes_on_restore")
     assert code == 1, out[-4000:]
     assert "unrelated failure: attempt 1 failed with" in out, out[-4000:]
     assert "could not load the checkpoint" in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_script_that_trains_the_checkpoint_step_again_fails_as_work_done_twice(tmp_path):
+def test_script_that_trains_the_checkpoint_step_again_fails_as_work_done_twice(standin, tmp_path):
     """``range(step, N)`` after restoring: the first report is the checkpoint's own step —
     what an evaluation after loading also reports — but its checkpoint is committed again."""
-    code, out = run_suite(tmp_path, "--retrain-checkpoint-step", tape="user_retrains_checkpoint_step")
+    code, out = run_suite(standin, tmp_path, "--retrain-checkpoint-step", tape="user_retrains_checkpoint_step")
     assert code == 1, out[-4000:]
     assert "resumed from an older checkpoint" in out and "step 10 had been committed before" in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_step_counter_that_resets_every_epoch_is_unverifiable(tmp_path):
+def test_step_counter_that_resets_every_epoch_is_unverifiable(standin, tmp_path):
     """The step within the epoch (0..4, checkpoint at its end): a restart from scratch and a
     correct resume would both report 0 next, so the resume cannot be judged by it."""
-    code, out = run_suite(tmp_path, "--epoch-steps 5", tape="user_epoch_local_step")
+    code, out = run_suite(standin, tmp_path, "--epoch-steps 5", tape="user_epoch_local_step")
     assert code == 1, out[-4000:]
     assert "unverifiable: step metric 'step' goes back: rank 0 reported step 4, then 0" in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_restored_attempt_that_reports_no_step_is_unverifiable(tmp_path):
-    code, out = run_suite(tmp_path, "--no-step-after-restore", tape="user_no_step_after_restore")
+def test_restored_attempt_that_reports_no_step_is_unverifiable(standin, tmp_path):
+    code, out = run_suite(standin, tmp_path, "--no-step-after-restore", tape="user_no_step_after_restore")
     assert code == 1, out[-4000:]
     assert "unverifiable: attempt 1 reported" in out and "without the step metric 'step' (it reported 'loss')" in out, \
         out[-4000:]
 
 
 @pytest.mark.integration
-def test_run_too_short_for_its_fault_is_a_finding(tmp_path):
+def test_run_too_short_for_its_fault_is_a_finding(standin, tmp_path):
     """7 steps: one checkpoint (step 5), so the suite's trigger (after checkpoint 2) never
     fires — a failed test saying so, not a harness error."""
-    code, out = run_suite(tmp_path, "--steps 7", tape=None)
+    code, out = run_suite(standin, tmp_path, "--steps 7", tape=None)
     assert code == 1, out[-4000:]
     assert "run ended before the fault: fault 1 waited after checkpoint 2 is committed" in out, out[-4000:]
     assert "WaitTimeout" not in out, out[-4000:]
 
 
 @pytest.mark.integration
-def test_crash_loop_under_an_unlimited_budget_is_a_finding(tmp_path):
+def test_crash_loop_under_an_unlimited_budget_is_a_finding(standin, tmp_path):
     """Every restart raises loading its checkpoint and FailureConfig(max_failures=-1) retries
     forever: after 3 failures in a row without a new step the test fails as a crash loop,
     instead of waiting for a recovery that cannot come."""
-    code, out = run_suite(tmp_path, "--crash-on-restore --max-failures -1", tape=None)
+    code, out = run_suite(standin, tmp_path, "--crash-on-restore --max-failures -1", tape=None)
     assert code == 1, out[-4000:]
     assert "crash loop: 3 failures in a row without a step beyond" in out, out[-4000:]
     assert "could not load the checkpoint" in out, out[-4000:]

@@ -1,0 +1,37 @@
+"""One stand-in cluster for every chaos session that reaches its cluster through a profile, as
+nightly CI against staging does: started once (`python -m chaos.embedded up --profile-out`),
+stopped after the last test; each test gets it with every worker host alive again."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chaos.cluster import ClusterView
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def _standin_cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("standin")
+    profile = d / "profile.yaml"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(d / "cluster")],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=300)
+    up = run("up", "--profile-out", str(profile))
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield d, profile
+    down = run("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture
+def standin(_standin_cluster):
+    """The stand-in, once node recovery has brought back any host an earlier test took down."""
+    d, profile = _standin_cluster
+    data = yaml.safe_load(profile.read_text())
+    ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"]).wait_alive_workers(
+        len(data["hosts"]["overrides"]), timeout=180)
+    return d, profile
