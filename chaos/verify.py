@@ -598,10 +598,11 @@ def state_restored(timeline: Timeline, deterministic: bool = True) -> list[Verdi
                         if value is not None:
                             seen[(rank, step)] = (r.attempt, value)
             compared, mismatched = [], []
+            at_checkpoint = _first_reports_at_a_checkpoint(events, attempt)
             for r in (x for x in reports if x.attempt == attempt):
                 for rank, step in steps_of(r).items():
                     value = (r.data["states"] or {}).get(str(rank))
-                    if value is None or (rank, step) not in seen:
+                    if value is None or (rank, step) not in seen or (id(r), rank) in at_checkpoint:
                         continue
                     was_attempt, was = seen[(rank, step)]
                     row = {"rank": rank, "step": step, "value": value, "earlier": was, "earlier_attempt": was_attempt}
@@ -638,11 +639,27 @@ def state_restored(timeline: Timeline, deterministic: bool = True) -> list[Verdi
 DETERMINISM_HINT = "--chaos-deterministic, or chaos.expect(deterministic=True)"
 
 
+def _first_reports_at_a_checkpoint(events: list[Event], attempt: int) -> set[tuple[int, int]]:
+    """(id of the report, rank) where ``rank``'s first report in ``attempt`` is at a step committed
+    before it: an evaluation after loading that checkpoint, or that step trained again from
+    it — both start from the state *after* the step, so neither can reproduce the value the
+    earlier attempt reported *before* updating (resumed-from-latest judges it instead)."""
+    committed: dict[int, set] = collections.defaultdict(set)
+    firsts: dict[int, Event] = {}
+    for r in (e for e in events if e.kind == "report"):
+        for rank, step in steps_of(r).items():
+            if r.attempt < attempt and r.data.get("checkpoint"):
+                committed[rank].add(step)
+            elif r.attempt == attempt:
+                firsts.setdefault(rank, r)
+    return {(id(r), rank) for rank, r in firsts.items() if _in(steps_of(r)[rank], committed[rank])}
+
+
 def _state_metric_of(events: list[Event]) -> str:
     """The state metric the run's reports carry (auto: the one found), else the setting."""
     used = next((e.data["state_metric"] for e in events if e.kind == "report" and e.data.get("state_metric")), None)
-    return used or next((e.data.get("state_metric") for e in events if e.kind == "controller_started"), None) \
-        or "state"
+    setting = next((e.data.get("state_metric") for e in events if e.kind == "controller_started"), None)
+    return used or ("state metric (auto)" if setting == "auto" else setting) or "state"
 
 
 # -- within-budget ---------------------------------------------------------------------

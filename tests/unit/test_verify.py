@@ -197,6 +197,23 @@ def test_first_report_at_the_checkpoint_step_passes_when_the_next_trained_step_r
     assert "step 11 reproduced" in v.evidence["rule"]
 
 
+def test_state_restored_leaves_the_evaluation_at_the_checkpoint_step_to_the_resume_rule():
+    """The evaluation's value at step 10 (99.0, after the update) cannot reproduce attempt 0's
+    pre-update step 10: not compared, so a correct evaluate-after-restore is no state finding;
+    the re-done step 11 still is compared, and a lost state there still fails."""
+    [v] = state_restored(evaluated_or_retrained(12, 11), deterministic=True)
+    assert v.status == "pass" and v.evidence["compared"] and all(c["step"] != 10 for c in v.evidence["compared"]), \
+        v.line()
+    [v] = state_restored(evaluated_or_retrained(12, 11, state_after=lambda r, s: train_loss(r, s) * 1.1),
+                         deterministic=True)
+    assert v.status == "fail" and v.diagnosis == "state not restored" and "at re-done step 11" in v.message, v.line()
+    # a report at step 10 that is not the attempt's first (a resume from checkpoint 5) is re-done work, compared
+    tl = (Script().start_attempt().steps(1, 12, state=train_loss).fault().decision().start_attempt()
+          .steps(6, 20, state=lambda r, s: train_loss(r, s) * (1.1 if s == 10 else 1)).finish().timeline())
+    [v] = state_restored(tl, deterministic=True)
+    assert v.status == "fail" and "at re-done step 10" in v.message, v.line()
+
+
 def test_a_retrained_checkpoint_step_fails_by_the_next_step_value_or_the_second_commit():
     # range(ck, N): step 10 trained again, so step 11 does not reproduce attempt 0's value
     [v] = resumed_from_latest(evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1))
