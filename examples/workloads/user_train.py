@@ -16,6 +16,18 @@ the classic mistakes the harness must catch.
     --epoch-steps N       reports the step within its epoch of N steps (0..N-1, again every
                           epoch): a counter that goes back
     --no-step-after-restore  a restored attempt reports its loss without the step metric
+    --learn               trains (SGD on a seeded model, its weights and optimizer in the
+                          checkpoint) and reports the training loss every step
+    --evaluate-after-restore  (implies --learn) after loading, reports the restored step
+                          with the loss evaluated there, then trains on: Hugging Face's
+                          evaluate-on-resume shape, a correct resume
+    --restore-step-only   (implies --learn) loads the step but not the weights and the
+                          optimizer: the state was lost
+    --initial-checkpoint  hands Train the initial weights as a checkpoint before the first
+                          step, in a report without a step (there is none yet)
+    --step-time S         seconds per step (default 0.3)
+    --report-at-checkpoints-only  reports only when it checkpoints (every 5th step)
+    --no-checkpoint       never hands Train a checkpoint
 """
 
 import argparse
@@ -33,9 +45,12 @@ from ray.train.torch import TorchTrainer
 
 
 def loop(config):
+    learn = config["learn"]
+    torch.manual_seed(0)  # every rank and every attempt starts from the same weights
     model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     rank = ray.train.get_context().get_world_rank()
-    start = 0
+    start, ckpt = 0, None
     if not config["ignore_checkpoint"] and (rank == 0 or not config["restore_rank0_only"]):
         ckpt = ray.train.get_checkpoint()
         if ckpt and config["crash_on_restore"]:
@@ -45,23 +60,51 @@ def loop(config):
             start = steps[-2] if len(steps) > 1 else 0
         elif ckpt:
             with ckpt.as_directory() as d:
-                start = torch.load(os.path.join(d, "s.pt"))["step"]
+                saved = torch.load(os.path.join(d, "s.pt"))
+            start = saved["step"]
+            if learn and not config["restore_step_only"]:
+                model.load_state_dict(saved["model"])
+                opt.load_state_dict(saved["opt"])
+    if config["initial_checkpoint"] and ckpt is None:
+        with tempfile.TemporaryDirectory() as d:
+            if rank == 0:
+                torch.save({"step": 0, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
+            ray.train.report({}, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+    if start and config["evaluate_after_restore"]:
+        with torch.no_grad():
+            ray.train.report({config["metric"]: start, "loss": float(batch_loss(model, start))})
     first = start if start and config["retrain_checkpoint_step"] else start + 1
     for step in range(first, config["steps"] + 1):
-        loss = model(torch.ones(2, 4)).sum()
+        loss = batch_loss(model, step) if learn else model(torch.ones(2, 4)).sum()
+        opt.zero_grad()
         loss.backward()
+        if learn:
+            opt.step()
         torch.distributed.all_reduce(torch.ones(1))  # ranks step together, as DDP's gradient sync does
-        time.sleep(0.3)
+        time.sleep(config["step_time"])
         counted = (step - 1) % config["epoch_steps"] if config["epoch_steps"] else step
         metrics = {config["metric"]: counted}
+        if learn:
+            metrics["loss"] = float(loss)
         if start and config["no_step_after_restore"]:
             metrics = {"loss": float(loss)}
-        if step % 5 == 0 and rank == 0:
-            with tempfile.TemporaryDirectory() as d:
-                torch.save({"step": step}, os.path.join(d, "s.pt"))
-                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
-        else:
+        saves = step % 5 == 0 and not config["no_checkpoint"]
+        if config["report_at_checkpoints_only"] and not saves:
+            continue
+        if not saves:
             ray.train.report(metrics)
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            if rank == 0:
+                torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+
+
+def batch_loss(model, step):
+    """The loss on step ``step``'s batch: the same data at the same step in every attempt."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(8, 4, generator=g)
+    return ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
 
 
 if __name__ == "__main__":
@@ -77,6 +120,13 @@ if __name__ == "__main__":
     p.add_argument("--retrain-checkpoint-step", action="store_true")
     p.add_argument("--epoch-steps", type=int, default=0)
     p.add_argument("--no-step-after-restore", action="store_true")
+    p.add_argument("--learn", action="store_true")
+    p.add_argument("--evaluate-after-restore", action="store_true")
+    p.add_argument("--restore-step-only", action="store_true")
+    p.add_argument("--initial-checkpoint", action="store_true")
+    p.add_argument("--step-time", type=float, default=0.3)
+    p.add_argument("--report-at-checkpoints-only", action="store_true")
+    p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
@@ -90,7 +140,11 @@ if __name__ == "__main__":
                            "restore_previous": a.restore_previous_checkpoint,
                            "run_dir": os.path.join(a.storage, name),
                            "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
-                           "no_step_after_restore": a.no_step_after_restore},
+                           "no_step_after_restore": a.no_step_after_restore,
+                           "learn": a.learn or a.evaluate_after_restore or a.restore_step_only,
+                           "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
+                           "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
+                           "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=a.storage, name=name,
                              failure_config=None if a.default_failure_config else FailureConfig(

@@ -28,10 +28,12 @@ FIXTURE_SCHEMA = 1
 RERECORD = "make integration (it re-records tests/contract/fixtures; review the diff and commit it)"
 
 
-def _run_dir(reports: Path) -> Path:
-    runs = [d for d in (reports / "runs").iterdir() if (d / "tape.jsonl").exists()]
+def run_dir(reports: Path, test: str = "") -> Path:
+    """The one taped run under ``reports`` (of test function ``test``, when given)."""
+    runs = [d for d in (reports / "runs").iterdir() if (d / "tape.jsonl").exists() and d.name.startswith(test)]
     if len(runs) != 1:
-        raise AssertionError(f"expected one taped run under {reports / 'runs'}, found {[d.name for d in runs]}")
+        raise AssertionError(f"expected one taped run{' of ' + test if test else ''} under {reports / 'runs'}, "
+                             f"found {[d.name for d in runs]}")
     return runs[0]
 
 
@@ -39,13 +41,12 @@ def _comparable(events: list[dict]) -> list[tuple]:
     return [(e["kind"], json.dumps(e["data"], sort_keys=True, default=str)) for e in events]
 
 
-def record(name: str, reports: Path, command: list[str], recorded_by: str) -> Path | None:
-    """Write ``fixtures/<name>.json`` from the session's taped run (only under make integration:
+def record(name: str, run_dir: Path, command: list[str], recorded_by: str) -> Path | None:
+    """Write ``fixtures/<name>.json`` from a taped run's directory (only under make integration:
     ``CHAOS_CONTRACT_DIR``); returns the path written, or None when not recording."""
     out_dir = os.environ.get("CHAOS_CONTRACT_DIR")
     if not out_dir:
         return None
-    run_dir = _run_dir(reports)
     header, lines = tape.read(run_dir / "tape.jsonl")
     events = json.loads((run_dir / "timeline.json").read_text())["events"]
     live = [e for e in events if e["source"] == "recorder"]

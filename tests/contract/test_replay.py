@@ -61,6 +61,32 @@ EXPECTED = {
     "user_no_step_after_restore": {  # the restored attempt reports its loss without the step
         "resumed-from-latest": ("unverifiable", "without the step metric 'step' (it reported 'loss')"),
     },
+    # tests/integration/resume_shapes.py: user_train.py with a flag and the faults a shape needs
+    "user_fault_before_checkpoints_then_evaluates": {  # --evaluate-after-restore; killed at step 1, then 11
+        "resumed-from-latest (attempt 1)": ("pass", "no checkpoint existed yet: attempt 1 correctly started from "
+                                                    "step 1 on every rank"),
+        "resumed-from-latest (attempt 2)": ("pass", "attempt 2 resumed at step 10, at the latest checkpoint's own "
+                                                    "step (10), evaluating after loading it"),
+        "state-restored": ("pass", None),
+        "within-budget": ("pass", "charged 2 to max_failures=3"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    "user_restores_step_only": {  # --evaluate-after-restore --restore-step-only: weights and optimizer lost
+        "resumed-from-latest": ("fail", "state not restored: attempt 1 began at step 10 on every rank"),
+        "state-restored": ("fail", "state not restored"),
+    },
+    "user_initial_checkpoint_without_step": {  # commits its initial weights before step 1, without a step
+        "resumed-from-latest": ("unverifiable", "the latest checkpoint's report carried no step for rank 0"),
+    },
+    "user_reports_at_checkpoints_only": {  # reports 5, 10, ...: killed after the first, no stride yet
+        "resumed-from-latest": ("unverifiable", "no report followed checkpoint step 5"),
+    },
+    "user_retrains_first_checkpoint_step": {  # range(step, N), killed after checkpoint 1
+        "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 5 on every rank"),
+    },
+    "user_no_checkpoint": {  # never hands Train a checkpoint
+        "resumed-from-latest": ("unverifiable", "the run reported no checkpoint to Ray Train"),
+    },
     # Hugging Face Trainer with Ray's callback: reports (with a checkpoint) at steps 4, 8, ...
     "hf_trainer_healthy": {
         "resumed-from-latest": ("pass", f"attempt 1 resumed at step 12, {RESUMED} (step 8) on every rank"),

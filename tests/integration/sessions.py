@@ -66,10 +66,11 @@ def assert_nothing_left(session_pid):
     assert not left, f"processes of the embedded cluster left behind: {left}"
 
 
-def record_contract(name, reports, command):
-    """Under make integration (CHAOS_CONTRACT_DIR set), the session's taped run becomes
-    tests/contract/fixtures/<name>.json (a session that never started a run has none: ``name`` None)."""
-    if name is None:
+def record_contract(name, reports, command, test=""):
+    """Under make integration (CHAOS_CONTRACT_DIR set), the session's taped run (of suite test
+    ``test``, when it ran several) becomes tests/contract/fixtures/<name>.json (a session that
+    never started a run has none: ``name`` None)."""
+    if name is None or not os.environ.get("CHAOS_CONTRACT_DIR"):
         return
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
-    tapes.record(name, Path(reports), command, recorded_by=f"make integration: {test}")
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    tapes.record(name, tapes.run_dir(Path(reports), test), command, recorded_by=f"make integration: {current}")

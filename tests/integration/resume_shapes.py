@@ -1,0 +1,78 @@
+"""Resume shapes that the raylet-kill suite's one trigger (after checkpoint 2) cannot reach:
+`examples/workloads/user_train.py` with a flag, a raylet kill where the shape needs it.
+Run by test_resume_shapes.py in one session against the shared stand-in, each run taped:
+they are the contract fixtures of the resume rules that only such a run exercises.
+
+Not collected by ``pytest tests`` (no test_ prefix): it is a chaos suite, run as one.
+"""
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaos.train.run import user_spec
+from chaos.triggers import AfterCheckpoint, AtStep
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+
+
+def shape(chaos, tmp_path, flags, deterministic=False):
+    name = f"{chaos.request.node.name[:40]}-{uuid.uuid4().hex[:6]}"  # unique on the shared cluster
+    cmd = f"{sys.executable} user_train.py --storage {tmp_path / 'storage'} {flags}"
+    return user_spec(cmd, name, working_dir=str(WORKLOADS), state_metric="auto", deterministic=deterministic)
+
+
+def resume(outcome, attempt=1):
+    return outcome.verdict(f"resumed-from-latest (attempt {attempt})")
+
+
+def test_fault_before_the_first_checkpoint_then_evaluate_after_restore(chaos, tmp_path):
+    """Attempt 1 starts over (nothing committed yet) — right; attempt 2 restores checkpoint 10,
+    reports the loss evaluated there, then trains step 11 to the value attempt 1 had.  Steps
+    of 0.6 s: the kill at the first report lands well before checkpoint 5 (2.4 s later)."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--evaluate-after-restore --step-time 0.6"),
+                        faults=[(AtStep(1), chaos.raylet_kill(rank=1)),
+                                (AtStep(11, fresh=True), chaos.raylet_kill(rank=1))])
+    assert resume(outcome, 1).status == "pass" and "no checkpoint existed yet" in resume(outcome, 1).message
+    assert resume(outcome, 2).status == "pass" and "evaluating after loading it" in resume(outcome, 2).message
+
+
+def test_weights_not_restored(chaos, tmp_path):
+    outcome = chaos.run(shape(chaos, tmp_path, "--evaluate-after-restore --restore-step-only", deterministic=True),
+                        faults=[(AtStep(11), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
+
+
+def test_initial_checkpoint_without_a_step(chaos, tmp_path):
+    """The initial weights committed before step 1 (no step yet), the kill right after that
+    commit and well before checkpoint 5 (steps of 0.6 s): resuming at step 1 may well be
+    right, but nothing says which step that checkpoint holds."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--initial-checkpoint --step-time 0.6"),
+                        faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step at the checkpoint", v.line()
+
+
+def test_reports_only_at_checkpoints_fault_after_the_first(chaos, tmp_path):
+    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only"),
+                        faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
+
+
+def test_first_checkpoint_step_trained_again(chaos, tmp_path):
+    outcome = chaos.run(shape(chaos, tmp_path, "--retrain-checkpoint-step"),
+                        faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+    assert "the run's first checkpoint, was trained and committed again" in v.message, v.line()
+
+
+def test_no_checkpoint_handed_to_train(chaos, tmp_path):
+    outcome = chaos.run(shape(chaos, tmp_path, "--no-checkpoint"), faults=[(AtStep(8), chaos.raylet_kill(rank=1))])
+    [v] = [v for v in outcome.verdicts if v.name.startswith("resumed-from-latest")]
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint reported", v.line()

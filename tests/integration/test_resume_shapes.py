@@ -1,0 +1,34 @@
+"""The resume shapes of resume_shapes.py: one chaos session through the shared stand-in's
+profile runs them all (each test there asserts its run's resume verdict), and under make
+integration each taped run becomes the contract fixture named here."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sessions import ROOT, assert_reverted, record_contract
+
+SUITE = Path(__file__).with_name("resume_shapes.py")
+FIXTURES = {  # test in resume_shapes.py -> contract fixture
+    "test_fault_before_the_first_checkpoint_then_evaluate_after_restore": "user_fault_before_checkpoints_then_evaluates",
+    "test_weights_not_restored": "user_restores_step_only",
+    "test_initial_checkpoint_without_a_step": "user_initial_checkpoint_without_step",
+    "test_reports_only_at_checkpoints_fault_after_the_first": "user_reports_at_checkpoints_only",
+    "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
+    "test_no_checkpoint_handed_to_train": "user_no_checkpoint",
+}
+
+
+@pytest.mark.integration
+def test_resume_shapes(standin, tmp_path):
+    reports = tmp_path / "reports"
+    cmd = [sys.executable, "-m", "pytest", "-m", "chaos", str(SUITE), "-p", "no:cacheprovider", "-q", "-s", "-rA",
+           "--chaos-profile", str(standin[1]), "--chaos-reports", str(reports), "--chaos-tape"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert_reverted(reports / "ledger.jsonl")
+    assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
+    assert f"{len(FIXTURES)} passed" in p.stdout, p.stdout[-3000:]
+    for test, fixture in FIXTURES.items():
+        record_contract(fixture, reports, cmd, test=test)
