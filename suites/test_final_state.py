@@ -15,13 +15,14 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.mark.extended
-def test_raylet_kill_ends_in_the_fault_free_final_state(chaos):
-    """2 ranks on 3 hosts, a raylet kill after checkpoint 2: besides a correct resume, every
-    rank's final step and state (the reference workload's state_digest of its weights and
-    optimizer, and its loss) equal the fault-free baseline's."""
+def test_two_raylet_kills_end_in_the_fault_free_final_state(chaos):
+    """2 ranks on 3 hosts, two kills, each after a fresh checkpoint: two charges, two correct
+    resumes, and every rank's final step and state (the reference workload's state_digest of
+    its weights and optimizer, and its loss) equal the fault-free baseline's."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=20, checkpoint_every=5),
-        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
+        chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
+        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1)),
+                (AfterCheckpoint(4), chaos.raylet_kill(rank=0))],
         expect=chaos.expect(final_state=True),
     )
     outcome.assert_verdicts()

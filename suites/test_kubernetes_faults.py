@@ -103,23 +103,18 @@ def test_hyperpod_reboot_by_label_without_spare_capacity(chaos):
 
 
 @pytest.mark.extended
-def test_hyperpod_reboot_through_boto3(chaos):
-    """``batch_reboot_cluster_nodes`` through boto3 against the SageMaker API."""
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
-                        faults=[(AfterCheckpoint(2), chaos.hyperpod_reboot(rank=1, via="boto3",
+def test_raylet_kill_through_exec_then_hyperpod_reboot_through_boto3(chaos):
+    """Two faults on rank 1's node in one run.  SIGKILL of its raylet by exec into its pod:
+    ``ray start --block`` exits, the pod fails and KubeRay replaces it; Train restarts on the
+    spare node.  Then ``batch_reboot_cluster_nodes`` through boto3 against the SageMaker API
+    reboots the node rank 1 runs on next (new boot id)."""
+    if getattr(chaos.env.backend, "kube", None) is None:
+        pytest.skip(f"needs the Kubernetes API: this session's backend is {chaos.env.backend.label}")
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
+                        faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill")),
+                                (AfterCheckpoint(4), chaos.hyperpod_reboot(rank=1, via="boto3",
                                                                            recover_timeout_s=120))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
-    [inj] = outcome.injections
-    assert inj.evidence["boot_id_after"] != inj.evidence["boot_id_before"], inj.evidence
-
-
-@pytest.mark.extended
-def test_raylet_kill_through_exec(chaos):
-    """SIGKILL of rank 1's raylet by exec into its pod: ``ray start --block`` exits, the pod
-    fails and KubeRay replaces it; Train restarts on the spare node."""
-    if getattr(chaos.env.backend, "kube", None) is None:
-        pytest.skip(f"needs the Kubernetes API: this session's backend is {chaos.env.backend.label}")
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=2, steps=20, checkpoint_every=5),
-                        faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill"))])
-    outcome.assert_verdicts()
+    _, rebooted = outcome.injections
+    assert rebooted.evidence["boot_id_after"] != rebooted.evidence["boot_id_before"], rebooted.evidence

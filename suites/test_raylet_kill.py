@@ -40,17 +40,6 @@ def test_raylet_kill_without_spare_capacity(chaos):
 
 
 @pytest.mark.extended
-def test_two_raylet_kills_in_one_run(chaos):
-    """Two kills, each after a fresh checkpoint: two charges, two correct resumes."""
-    outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
-        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1)),
-                (AfterCheckpoint(4), chaos.raylet_kill(rank=0))],
-    )
-    outcome.assert_verdicts()
-
-
-@pytest.mark.extended
 def test_budget_exhaustion_ends_in_clean_failure(chaos):
     """max_failures=0: one kill must end the run ERRORED, charged to max_failures — not hang."""
     outcome = chaos.run(

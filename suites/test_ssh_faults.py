@@ -86,28 +86,24 @@ def test_reboot_rank_1_node_without_spare_capacity(chaos, hosts):
 
 
 @pytest.mark.extended
-def test_reboot_rank_1_node_with_spare_capacity(chaos, hosts):
-    outcome = chaos.run(workload(chaos), faults=[(AfterCheckpoint(2), NodeReboot(rank=1))])
+def test_raylet_sigkill_then_reboot_over_ssh(chaos, hosts):
+    """Two faults on rank 1's node in one run, spare capacity for each restart.  The raylet
+    PID that was killed no longer runs that node's raylet on its host, and rank 1 runs on in
+    another process; then the node of rank 1 reboots (new boot id, new node id)."""
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
+                        faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill")),
+                                (AfterCheckpoint(4), NodeReboot(rank=1))])
     outcome.assert_verdicts()
-    [inj] = outcome.injections
-    assert_rebooted(outcome, inj)
-    assert_reverted(outcome)
-
-
-@pytest.mark.extended
-def test_raylet_sigkill_over_ssh(chaos, hosts):
-    """The raylet PID that was killed no longer runs that node's raylet on its host, and
-    rank 1 runs on in another process."""
-    outcome = chaos.run(workload(chaos), faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill"))])
-    outcome.assert_verdicts()
-    [inj] = outcome.injections
-    raylet_pid = chaos.env.ledger.entries()[inj.ledger_id]["raylet_pid"]
+    killed, rebooted = outcome.injections
+    raylet_pid = chaos.env.ledger.entries()[killed.ledger_id]["raylet_pid"]
     # Node recovery may have rebooted the host into a fresh PID namespace where the number is
     # taken again: what must be gone is that node's raylet under it.
-    now = pid_state(inj, raylet_pid)
-    assert f"--node_id={inj.target.node_id}" not in now, (
-        f"PID {raylet_pid} on {inj.host.name or inj.host.key} still runs the raylet of node {inj.target.node_id[:8]}")
-    assert_rank_moved(outcome, inj)
+    now = pid_state(killed, raylet_pid)
+    assert f"--node_id={killed.target.node_id}" not in now, (
+        f"PID {raylet_pid} on {killed.host.name or killed.host.key} still runs the raylet of node "
+        f"{killed.target.node_id[:8]}")
+    assert_rank_moved(outcome, killed)
+    assert_rebooted(outcome, rebooted)
     assert_reverted(outcome)
 
 
