@@ -33,7 +33,6 @@ def test_losing_more_nodes_than_the_spare_capacity_at_once(chaos):
     # One recovery for the group, detected once both nodes were DEAD.
     [recovery] = recovery_metrics(outcome.timeline)
     assert recovery.members == 2 and recovery.recovered_attempt is not None, recovery
-    assert not [v for v in outcome.verdicts if v.name.startswith("recovery-time (fault 2")]
 
     # One ledger entry per host, each with its own result, all in one group.
     injs = outcome.injections

@@ -67,10 +67,11 @@ def assert_rebooted(outcome, inj):
 
 
 def assert_reverted(outcome):
+    """Every injected fault has its revert on the timeline (the healed verdict, which
+    assert_verdicts checked, sees the cluster; this sees each fault's own revert)."""
     reverted = {e.data["ledger_id"] for e in outcome.timeline.of("fault_reverted")}
     injected = [e.data["ledger_id"] for e in outcome.timeline.of("fault_injected")]
     assert injected and set(injected) <= reverted, f"faults not reverted: {set(injected) - reverted}"
-    assert outcome.verdict("healed").status == "pass", outcome.verdict("healed").message
 
 
 def test_reboot_rank_1_node_without_spare_capacity(chaos, hosts):
