@@ -11,7 +11,7 @@ makes the report about chaos rather than about pytest:
 * metrics: the per-fault-kind medians of reports/summary.json become Allure 3 metrics
   (a ``-perf.json`` results file), so the report's Metrics section shows them;
 * ETTR projection: the summary's recovery figures projected to large jobs
-  (chaos.projection), a plot and a table in a result of its own;
+  (chaos.projection), a plot and a table as the session's global attachments;
 * history: Allure 3 appends one JSON line per generated report to ``history_file``
   (its ``historyPath``), metrics included; keeping that one file between nightly runs is
   what makes the trend charts (pass/fail and recovery times) grow.
@@ -199,7 +199,7 @@ def write_metrics(results_dir: str | os.PathLike, run_summary: Mapping) -> Path:
 
 
 def attach_projection(results: Path, summary_file: str | os.PathLike) -> None:
-    """The ETTR projection (chaos.projection) as a result of its own; a summary with nothing
+    """The ETTR projection (chaos.projection) as global attachments; a summary with nothing
     to project from (no recovered fault, no checkpoint figures) leaves it out, and says so."""
     from chaos import projection
 

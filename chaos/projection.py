@@ -438,13 +438,11 @@ def _origin(m: Measured) -> str:
 
 def attach(results_dir: str | os.PathLike, summary_path: str | os.PathLike, gpus: Sequence[int] = PLOT_GPUS,
            rate: FailureRate = LLAMA3, work: float = 30 * DAY, reps: int = 200, seed: int = 0) -> Path:
-    """Put the projection into an Allure results directory, as one result of its own.
-
-    Allure has no place for session-wide pictures, so the projection is a result named
-    "ETTR projection" (suite "projections") with the plot and the table attached; its
-    status is "unknown" -- a projection is no test and must not count as a pass.  Raises
-    ChaosError when the summary holds nothing to project from.
-    """
+    """Put the projection into an Allure results directory as the session's global
+    attachments (Allure 3's ``<uuid>-globals.json``): the plot and the table, on the report's
+    session-wide page.  A projection is no test, so it is no test result either — one would
+    count in the report's success rate.  Returns the globals file; raises ChaosError when the
+    summary holds nothing to project from."""
     import time
     import uuid as uuidlib
 
@@ -456,25 +454,15 @@ def attach(results_dir: str | os.PathLike, summary_path: str | os.PathLike, gpus
     uid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"chaos.projection.ettr:{results.resolve()}"))
     png = render_plot(inputs, results / f"{uid}-ettr-attachment.png", gpus, rate, work=work, reps=reps, seed=seed)
     table = results / f"{uid}-table-attachment.txt"
-    table.write_text(format_report(inputs, rows, rate, work, seed) + "\n")
+    table.write_text(format_report(inputs, rows, rate, work, seed) + "\n"
+                     + f"Projected from {summary_path}. Assumptions: Poisson failures at {rate.per_gpu_hour:.3g} per "
+                       f"GPU-hour ({rate.source}), linear in GPUs; restart and checkpoint cost as measured on this "
+                       "(small) cluster, which is likely optimistic (docs/projection.md).\n")
     now = int(time.time() * 1000)
-    current = [r for r in rows if r.label == "current interval"]
-    result = {
-        "uuid": uid, "historyId": "chaos.projection.ettr", "testCaseId": "chaos.projection.ettr",
-        "name": "ETTR projection", "fullName": "chaos.projection: ETTR projection", "status": "unknown",
-        "statusDetails": {"message": "not a test: the session's measured recovery figures projected to large jobs "
-                                     "(docs/projection.md)"},
-        "stage": "finished", "start": now, "stop": now,
-        "description": "Projected effective training time ratio against checkpoint interval and job size, from "
-                       f"{summary_path}. Assumptions: Poisson failures at {rate.per_gpu_hour:.3g} per GPU-hour "
-                       f"({rate.source}), linear in GPUs; restart and checkpoint cost as measured on this (small) "
-                       "cluster, which is likely optimistic.",
-        "labels": [{"name": "suite", "value": "projections"}, {"name": "feature", "value": "ETTR projection"}],
-        "parameters": [{"name": f"ETTR at {r.gpus} GPUs (Daly, current interval)", "value": f"{r.daly:.4f}"}
-                       for r in current],
-        "attachments": [{"name": "ETTR vs checkpoint interval", "source": png.name, "type": "image/png"},
-                        {"name": "projection table", "source": table.name, "type": "text/plain"}],
-    }
-    out = results / f"{uid}-result.json"
-    out.write_text(json.dumps(result, indent=1))
+    out = results / f"{uid}-globals.json"
+    out.write_text(json.dumps({"attachments": [
+        {"name": "ETTR projection: ETTR vs checkpoint interval", "source": png.name, "type": "image/png",
+         "timestamp": now},
+        {"name": "ETTR projection: table", "source": table.name, "type": "text/plain", "timestamp": now}],
+        "errors": []}, indent=1))
     return out

@@ -198,3 +198,19 @@ def allure_report(allure_installed, allure_results, tmp_path_factory) -> Path:
                                     "backend": "embedded", "outcome": "passed", "verdicts": [], "metrics": metrics})
     summary = write_summary(out / "records", out / "summary.json")
     return generate(allure_results, out / "allure-report", out / "history.jsonl", summary_file=summary, name="mini chaos suite")
+
+
+@pytest.fixture
+def projectable_summary(tmp_path) -> Path:
+    """summary.json of one recovered run, with the recoveries the ETTR projection needs."""
+    import dataclasses
+
+    from chaos.summary import append_record, metrics_for, write_summary
+    from chaos.timeline import recovery_metrics
+
+    tl = recovered()
+    append_record(tmp_path / "records", {
+        "test": "test_mini_suite.py::test_chaos_recovery", "fault_kind": "raylet_kill", "backend": "embedded",
+        "outcome": "passed", "verdicts": [], "metrics": metrics_for(tl, FAILURE_CONFIG),
+        "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(tl)]})
+    return write_summary(tmp_path / "records", tmp_path / "summary.json")

@@ -183,3 +183,16 @@ def test_history_accumulates_across_runs(allure_installed, allure_results, tmp_p
     assert len(dynamics["data"]) == 2, "the second report should show the first one in its trend"
     metrics = json.loads((report / "widgets" / "metrics.json").read_text())
     assert metrics["history"][0]["metrics"] == {"raylet_kill.median_time_to_recover": 6.5}
+
+
+def test_the_projection_is_a_global_attachment_not_a_test(allure_installed, allure_results, projectable_summary,
+                                                         tmp_path):
+    """`make report` adds the ETTR projection: on the session-wide page (Allure 3's globals),
+    never as a test result — one would count in the success rate."""
+    results = shutil.copytree(allure_results, tmp_path / "allure-results")
+    report = generate(results, tmp_path / "report", tmp_path / "h.jsonl", summary_file=projectable_summary,
+                      projection=True)
+    names = sorted(json.loads(p.read_text())["name"] for p in (report / "data" / "test-results").glob("*.json"))
+    assert names == ["test_chaos_harness_bug", "test_chaos_older_checkpoint", "test_chaos_recovery"], names
+    attached = json.loads((report / "widgets" / "globals.json").read_text())["attachments"]
+    assert [a["name"] for a in attached] == ["ETTR projection: ETTR vs checkpoint interval", "ETTR projection: table"]

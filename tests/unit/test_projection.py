@@ -343,15 +343,12 @@ def test_attach_to_allure_results(tmp_path):
     results = tmp_path / "allure-results"
     first = projection.attach(results, summary_path, gpus=(1024, 16384), reps=50)
     again = projection.attach(results, summary_path, gpus=(1024, 16384), reps=50)
-    assert first == again and len(list(results.glob("*-result.json"))) == 1  # regenerating replaces it
-    result = json.loads(first.read_text())
-    assert result["name"] == "ETTR projection" and result["status"] == "unknown"
-    M = projection.LLAMA3.mtbf_s(16384)
-    assert {"name": "ETTR at 16384 GPUs (Daly, current interval)",
-            "value": f"{ettr_daly(10, 0.5, 30, M, 30 * DAY):.4f}"} in result["parameters"]
-    png, table = (results / a["source"] for a in result["attachments"])
+    assert first == again and len(list(results.glob("*-globals.json"))) == 1  # regenerating replaces it
+    assert not list(results.glob("*-result.json")), "a projection is no test: no test result"
+    png, table = (results / a["source"] for a in json.loads(first.read_text())["attachments"])
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "current interval" in table.read_text()
+    M = projection.LLAMA3.mtbf_s(16384)
+    assert "current interval" in table.read_text() and f"{ettr_daly(10, 0.5, 30, M, 30 * DAY):.4f}" in table.read_text()
 
 
 def test_attach_refuses_an_empty_session(tmp_path):
@@ -367,7 +364,9 @@ def test_report_generation_adds_the_projection_or_says_why_not(tmp_path, capsys)
 
     results = tmp_path / "allure-results"
     allure_site.attach_projection(results, write_session(tmp_path))
-    assert [json.loads(p.read_text())["name"] for p in results.glob("*-result.json")] == ["ETTR projection"]
+    [globals_file] = results.glob("*-globals.json")
+    assert [a["name"] for a in json.loads(globals_file.read_text())["attachments"]] == [
+        "ETTR projection: ETTR vs checkpoint interval", "ETTR projection: table"]
     (tmp_path / "empty.json").write_text(json.dumps({"run": {}, "records": []}))
     allure_site.attach_projection(tmp_path / "other-results", tmp_path / "empty.json")
     assert "ETTR projection left out of the report: nothing measured to project from" in capsys.readouterr().err
