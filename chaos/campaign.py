@@ -208,11 +208,12 @@ class Schedule:
         return _parse(data, str(path))
 
     # -- use -------------------------------------------------------------------------
-    def charges(self) -> dict[str, int]:
-        """Failures each budget class should be charged over the whole campaign."""
+    def charges(self, profile: Any = None) -> dict[str, int]:
+        """Failures each budget class should be charged over the whole campaign (a profile's
+        expected_budget moves a kind's charges, as it does for every suite)."""
         out: dict[str, int] = {}
         for e in self.entries:
-            cls = catalog.kind(e.kind).budget_class
+            cls = catalog.expected_charge(e.kind, profile)
             if cls:
                 out[cls] = out.get(cls, 0) + 1
         return out

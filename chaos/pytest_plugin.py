@@ -22,6 +22,7 @@ import pytest
 from chaos import summary
 from chaos.errors import Aborted
 from chaos.experiment import Environment, Experiment, Judging, Outcome
+from chaos.faults.catalog import expected_charge
 from chaos.faults.raylet import RayletKill
 from chaos.progress import CRASH_LOOP_FAILURES
 from chaos.report import Reporter
@@ -505,7 +506,7 @@ class Chaos:
         kinds = sorted({f.kind for _, f in faults})
         charged = expect.charged
         if charged is None:
-            charged = dict(collections.Counter(c for _, f in faults if (c := _charged_to(profile, f))))
+            charged = dict(collections.Counter(c for _, f in faults if (c := expected_charge(f.kind, profile))))
         if profile is not None and kinds:
             slos = [profile.slo_for(k) for k in kinds]
         else:
@@ -552,13 +553,6 @@ class Chaos:
         """The embedded Kubernetes cluster (chaos.embedded.kubernetes.EmbeddedKubernetes) under
         --chaos-kubernetes, else None."""
         return getattr(self.env.backend, "embedded_kubernetes", None)
-
-
-def _charged_to(profile, fault) -> str | None:
-    """The budget class ``fault`` should be charged to: the profile's expected_budget for
-    its kind, else the catalog's (None: no charge)."""
-    own = profile.faults.get(fault.kind) if profile is not None else None
-    return own.expected_budget if own is not None and own.expected_budget else fault.budget_class
 
 
 @pytest.fixture

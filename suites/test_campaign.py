@@ -99,7 +99,7 @@ def test_campaign(chaos, schedule):
     if w.num_workers > alive:
         pytest.fail(f"the schedule runs {w.num_workers} ranks and this cluster has {alive} worker nodes",
                     pytrace=False)
-    charges = schedule.charges()
+    charges = schedule.charges(chaos.env.backend.profile)
     spec = chaos.workload(num_workers=w.num_workers, steps=w.steps, checkpoint_every=w.checkpoint_every,
                           step_time=w.step_time, seed=schedule.seed,
                           max_failures=charges.get("worker_group", 0) + 1,

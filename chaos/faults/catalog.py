@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from typing import Any
 
 # Ray Train V2's three retry budgets: the class name the recorder reports (from Ray's own
 # ``[FailurePolicy]`` record) -> the FailureConfig field that limits it.
@@ -72,6 +73,15 @@ def kind(name: str) -> FaultKind:
         return KINDS[name]
     except KeyError:
         raise ValueError(f"unknown fault kind {name!r}; known kinds: {', '.join(KINDS)}") from None
+
+
+def expected_charge(name: str, profile: Any = None) -> str | None:
+    """The budget class a fault of kind ``name`` should be charged to: the profile's
+    ``expected_budget`` for the kind (a platform that charges it elsewhere, declared), else
+    the catalog's (None: no charge).  The one place this is derived — suites and campaigns
+    size and judge budgets by it."""
+    own = profile.faults.get(name) if profile is not None else None
+    return own.expected_budget if own is not None and own.expected_budget else kind(name).budget_class
 
 
 def limit_name(budget_class: str) -> str:

@@ -126,6 +126,24 @@ def test_charges_count_each_budget_class():
                                              ("preemption", kinds.count("preempt"))) if n}
 
 
+def test_charges_follow_the_profiles_expected_budget_as_the_suites_do():
+    """A profile that expects raylet kills charged to the preemption budget (a platform that
+    drains first) moves the campaign's charges too — else the campaign sizes max_failures
+    for charges that go elsewhere, and judges them so."""
+    from chaos.profile import profile_from_dict
+
+    p = profile_from_dict({"name": "staging", "ray": {"dashboard_url": "http://10.0.0.1:8265",
+                                                      "gcs_address": "10.0.0.1:6379"},
+                           "storage": {"path": "/mnt/shared/chaos"},
+                           "faults": {"raylet-kill": {"expected_budget": "preemption"}}})
+    s = campaign(2, kinds=["raylet-kill", "preempt"], faults=3)
+    kinds = [e.kind for e in s.entries]
+    assert "raylet-kill" in kinds, kinds
+    assert s.charges(p) == {"preemption": len(kinds)}
+    assert s.charges() == {c: n for c, n in (("worker_group", kinds.count("raylet-kill")),
+                                             ("preemption", kinds.count("preempt"))) if n}
+
+
 def write(tmp_path, data) -> str:
     path = tmp_path / "schedule.json"
     path.write_text(data if isinstance(data, str) else json.dumps(data))
