@@ -28,7 +28,7 @@ from chaos.faults.correlated import Correlated, fan_out, spread_s
 from chaos.ledger import Ledger
 from chaos.progress import CRASH_LOOP_FAILURES, Finding, StallWatch
 from chaos.report import Reporter
-from chaos.timeline import Event, Timeline, recovery_metrics
+from chaos.timeline import Event, Timeline, first_recovery, recovery_metrics, run_at
 from chaos.train.run import Run, RunSpec
 from chaos.train.tape import ENV_TAPE_FILE
 from chaos.triggers import trigger_blocker
@@ -398,14 +398,13 @@ class Experiment:
 
     def _recover(self) -> None:
         fault_t = self.timeline.of("fault_injected")[-1].t
+        run = run_at(self.timeline, fault_t)
 
         def recovered(events):
-            later = [e for e in events if e.t >= fault_t]
-            for a in (e for e in later if e.kind == "attempt_started"):
-                first = next((x for x in later if x.kind == "report" and x.attempt == a.attempt), None)
-                if first is not None:
-                    return first
-            return next((e for e in later if e.kind in ("run_finished", "job_finished")), None)
+            hit = first_recovery(events, run, fault_t)
+            if hit is not None:
+                return hit[1]
+            return next((e for e in events if e.t >= fault_t and e.kind in ("run_finished", "job_finished")), None)
 
         try:
             e = self.timeline.wait_for(recovered, self.env.timeouts.recover_s,

@@ -266,6 +266,19 @@ def _last_of_members(timeline: Timeline, kind: str, members: list[Event]) -> Eve
     return max(seen, key=lambda e: e.t)
 
 
+def first_recovery(events: list[Event], run: str | None, since: float) -> tuple[Event, Event] | None:
+    """(the attempt, its first report): the first attempt of ``run`` started at or after
+    ``since`` that reported at all — a recovery (an attempt that failed while starting, e.g.
+    waiting for a replacement node, is none).  What the experiment waits for after a fault
+    and what recovery time measures."""
+    mine = [e for e in events if e.data.get("run_id") == run]
+    for a in (e for e in mine if e.kind == "attempt_started" and e.t >= since):
+        first = next((r for r in mine if r.kind == "report" and r.t >= a.t and r.attempt == a.attempt), None)
+        if first is not None:
+            return a, first
+    return None
+
+
 def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
     """For every injected fault: fault → detected → the attempt that recovered → its first report.
 
@@ -285,12 +298,7 @@ def recovery_metrics(timeline: Timeline) -> list[RecoveryMetrics]:
         ended = timeline.first("run_finished", where=lambda e: e.data.get("run_id") == run)
         after_end = ended is not None and ended.t < fault.t - timeline.clock_uncertainty and not any(
             a.t > fault.t for a in attempts)
-        restart, first_report = None, None
-        for a in (a for a in attempts if a.t >= fault.t):
-            first_report = next((r for r in reports if r.t >= a.t and r.attempt == a.attempt), None)
-            if first_report is not None:
-                restart = a
-                break
+        restart, first_report = first_recovery(timeline.events, run, fault.t) or (None, None)
         steps_lost = None
         if first_report is not None and first_report.data.get("step") is not None:
             before = [r for r in reports if r.t <= fault.t and r.data.get("step") is not None]

@@ -7,7 +7,7 @@ import pytest
 from chaos.backends.base import Host
 from chaos.errors import Aborted, WaitTimeout
 from chaos.ledger import Ledger, sweep
-from chaos.timeline import Event, Timeline, ettr, recovery_metrics
+from chaos.timeline import Event, Timeline, ettr, first_recovery, recovery_metrics
 from chaos.transport.base import CommandResult
 from chaos.triggers import AfterCheckpoint, AtStep
 from timelines import Script
@@ -50,6 +50,23 @@ def test_recovery_metrics_and_ettr():
     assert m.time_to_detect == pytest.approx(1.5)
     assert m.steps_lost == 2  # steps 11 and 12 were done twice
     assert 0 < ettr(s.timeline()) < 1
+
+
+def test_a_recovery_is_the_faulted_runs_own_attempt():
+    """Another run's attempt 1 reporting after the fault (an evaluation run, a resubmission)
+    is no recovery of the faulted run: what the experiment waits for and what recovery time
+    measures are the same rule (first_recovery)."""
+    s = Script().start_attempt().steps(1, 12).fault(detect=1.5).decision()
+    s.events.append(s._e("recorder", "attempt_started", 1.0, run_id="other", attempt=1))
+    s.events.append(s._e("recorder", "report", 2.0, run_id="other", attempt=1, step=1, steps={"0": 1}))
+    fault_t = s.timeline().of("fault_injected")[-1].t
+    assert first_recovery(s.timeline().events, "run1", fault_t) is None
+    [m] = recovery_metrics(s.timeline())
+    assert m.recovered_attempt is None and m.time_to_recover is None
+    s.start_attempt().steps(11, 13)
+    attempt, first = first_recovery(s.timeline().events, "run1", fault_t)
+    assert (attempt.attempt, first.data["step"]) == (1, 11)
+    assert recovery_metrics(s.timeline())[0].recovered_attempt == 1
 
 
 def test_detection_is_the_faults_own_detection_event_not_a_node_death():
