@@ -20,8 +20,6 @@ from chaos.waits import poll_until
 
 log = logging.getLogger(__name__)
 
-HEAD_RESOURCE = "node:__internal_head__"
-
 
 @dataclasses.dataclass(frozen=True)
 class Node:

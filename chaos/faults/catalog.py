@@ -35,9 +35,6 @@ class FaultKind:
     # no fault module injects it yet.
     impl: str | None = None
 
-    def limit_field(self) -> str | None:
-        return BUDGET_LIMIT_FIELDS.get(self.budget_class) if self.budget_class else None
-
     def fault_class(self) -> type:
         """The Fault class of this kind (imported on demand: the catalog imports no fault module)."""
         if self.impl is None:
