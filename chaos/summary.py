@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from chaos import verify
 from chaos.errors import ChaosError
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS
 from chaos.timeline import Timeline, ettr, median, recovery_metrics, runs
@@ -49,9 +50,8 @@ def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
     """
     per_fault = recovery_metrics(timeline)
     charged = {cls: {"count": 0, "limit": failure_config.get(field)} for cls, field in BUDGET_LIMIT_FIELDS.items()}
-    for decision in timeline.of("failure_decision"):
-        cls = decision.data.get("budget_class")
-        charged[cls] = {"count": decision.data.get("count"), "limit": decision.data.get("limit")}
+    for cls, last in verify.charged(timeline).items():  # the runs the faults hit, as within-budget counts
+        charged[cls] = {"count": last["count"], "limit": last["limit"]}
     lost = [m.steps_lost for m in per_fault if m.steps_lost is not None]
     return {
         "time_to_detect": _worst(m.time_to_detect for m in per_fault),

@@ -46,6 +46,28 @@ def test_metrics_for_exhausted_run_takes_last_decision(exhausted_timeline):
     assert m["charged"]["preemption"] == {"count": 0, "limit": None}
 
 
+def test_charged_counts_the_run_the_faults_hit_as_within_budget_does():
+    """A later run's own failure (an evaluation fit() after the faulted one) is that run's
+    budget: the summary's charged figures and the within-budget verdict read the runs the
+    faults hit, not whichever decision came last."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "unit"))
+    from timelines import Script
+
+    from chaos.verify import charged
+
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 22)
+    s.fault().decision().start_attempt().steps(21, 30).finish()
+    s.new_run().start_attempt().steps(1, 3).decision().start_attempt().steps(1, 4).finish()
+    tl = s.timeline()
+    assert [(e.data["run_id"], e.data["count"]) for e in tl.of("failure_decision")] == [
+        ("run1", 1), ("run1", 2), ("run2", 1)]
+    m = metrics_for(tl, {"max_failures": 3})
+    assert m["charged"]["worker_group"] == {"count": 2, "limit": 3} and charged(tl)["worker_group"]["count"] == 2
+
+
 def test_metrics_for_worst_of_several_faults(many_attempts_timeline):
     m = metrics_for(many_attempts_timeline, {"max_failures": 20})
     assert m["time_to_detect"] is None  # no node death was observed
