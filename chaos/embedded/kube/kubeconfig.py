@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from ruamel.yaml import YAML
 
 
 def write_kubeconfig(path: Path, url: str, token: str = "emulated-token", namespace: str = "default",
@@ -18,5 +18,6 @@ def write_kubeconfig(path: Path, url: str, token: str = "emulated-token", namesp
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
+    with path.open("w") as f:
+        YAML(typ="safe", pure=True).dump(config, f)
     return path

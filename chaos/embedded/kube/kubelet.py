@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import collections
 import dataclasses
 import datetime
 import logging
@@ -54,12 +53,15 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+import psutil
+
 from chaos.embedded.kube import discovery
 from chaos.embedded.kube.lifecycle import ExecProcess, PodLifecycle
 from chaos.embedded.kube.resources import NODES, PODS, prepare_new
 from chaos.embedded.kube.status import ApiError, bad_request
 from chaos.embedded.testhost_init import DEFAULT_PATH
 from chaos.errors import ClusterError, WaitTimeout
+from chaos.procs import session_members
 
 if TYPE_CHECKING:
     from chaos.embedded.kube.pods import Pods
@@ -727,29 +729,21 @@ def _sender_pid(sock: socket.socket) -> int:
 
 def _tree(session: int, roots: set[int]) -> list[int]:
     """Live PIDs in session ``session`` or descending from ``roots`` (zombies are dead already)."""
-    table: dict[int, tuple[int, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    found = set(session_members(session))
+    for pid in roots:
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except (FileNotFoundError, ProcessLookupError):
+            root = psutil.Process(pid)
+            found |= {pid} | {c.pid for c in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        table[int(entry)] = (int(fields[1]), int(fields[3]), fields[0])  # ppid, session, state
-    children = collections.defaultdict(list)
-    for pid, (ppid, _, _) in table.items():
-        children[ppid].append(pid)
-    found = {pid for pid, (_, sid, _) in table.items() if sid == session}
-    stack, seen = [pid for pid in roots if pid in table], set()
-    while stack:
-        pid = stack.pop()
-        if pid not in seen:
-            seen.add(pid)
-            stack.extend(children[pid])
-    found |= seen
-    return sorted(pid for pid in found if table[pid][2] not in ("Z", "X"))
+    return sorted(pid for pid in found if _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _kill_tree(pids: Sequence[int], what: str) -> None:
@@ -776,9 +770,7 @@ def _kill_tree(pids: Sequence[int], what: str) -> None:
 
 
 def _machine_capacity() -> dict[str, str]:
-    with open("/proc/meminfo") as f:
-        kib = next(line.split()[1] for line in f if line.startswith("MemTotal:"))
-    return {"cpu": str(os.cpu_count() or 1), "memory": f"{kib}Ki", "pods": "110"}
+    return {"cpu": str(os.cpu_count() or 1), "memory": f"{psutil.virtual_memory().total // 1024}Ki", "pods": "110"}
 
 
 def _arch() -> str:
@@ -788,9 +780,6 @@ def _arch() -> str:
 
 def _os_image() -> str:
     try:
-        for line in Path("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                return line.split("=", 1)[1].strip('"')
-    except FileNotFoundError:
-        pass
-    return "Linux"
+        return platform.freedesktop_os_release().get("PRETTY_NAME", "Linux")
+    except OSError:
+        return "Linux"
