@@ -66,10 +66,7 @@ def loop(config):
                 model.load_state_dict(saved["model"])
                 opt.load_state_dict(saved["opt"])
     if config["initial_checkpoint"] and ckpt is None:
-        with tempfile.TemporaryDirectory() as d:
-            if rank == 0:
-                torch.save({"step": 0, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
-            ray.train.report({}, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+        report_with_checkpoint({}, 0, model, opt, rank)
     if start and config["evaluate_after_restore"]:
         with torch.no_grad():
             ray.train.report({config["metric"]: start, "loss": float(batch_loss(model, start))})
@@ -91,13 +88,18 @@ def loop(config):
         saves = step % 5 == 0 and not config["no_checkpoint"]
         if config["report_at_checkpoints_only"] and not saves:
             continue
-        if not saves:
+        if saves:
+            report_with_checkpoint(metrics, step, model, opt, rank)
+        else:
             ray.train.report(metrics)
-            continue
-        with tempfile.TemporaryDirectory() as d:
-            if rank == 0:
-                torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+
+
+def report_with_checkpoint(metrics, step, model, opt, rank):
+    """Rank 0 saves the step, weights and optimizer; every rank reports (Train waits for all)."""
+    with tempfile.TemporaryDirectory() as d:
+        if rank == 0:
+            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
 
 
 def batch_loss(model, step):
@@ -109,24 +111,15 @@ def batch_loss(model, step):
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--ignore-checkpoint", action="store_true")
-    p.add_argument("--default-failure-config", action="store_true")
-    p.add_argument("--crash-before-training", action="store_true")
-    p.add_argument("--restore-rank0-only", action="store_true")
+    for flag in ("--ignore-checkpoint", "--default-failure-config", "--crash-before-training", "--restore-rank0-only",
+                 "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
+                 "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
+                 "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint"):
+        p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
-    p.add_argument("--restore-previous-checkpoint", action="store_true")
-    p.add_argument("--crash-on-restore", action="store_true")
     p.add_argument("--max-failures", type=int, default=3)
-    p.add_argument("--retrain-checkpoint-step", action="store_true")
     p.add_argument("--epoch-steps", type=int, default=0)
-    p.add_argument("--no-step-after-restore", action="store_true")
-    p.add_argument("--learn", action="store_true")
-    p.add_argument("--evaluate-after-restore", action="store_true")
-    p.add_argument("--restore-step-only", action="store_true")
-    p.add_argument("--initial-checkpoint", action="store_true")
     p.add_argument("--step-time", type=float, default=0.3)
-    p.add_argument("--report-at-checkpoints-only", action="store_true")
-    p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
