@@ -68,6 +68,17 @@ def connect(gcs_address: str, driver_ip: str | None) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def profile_view(profile, where: str) -> ClusterView:
+    """Connect to ``profile``'s Ray cluster as the driver and return its view (``where``
+    names the cluster in the error)."""
+    ray_settings = profile.ray
+    try:
+        connect(ray_settings.gcs_address, ray_settings.driver_ip)
+    except Exception as e:
+        raise ClusterError(f"cannot reach the Ray cluster of {where} at {ray_settings.gcs_address}: {e}") from e
+    return ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address, ray_settings.driver_ip)
+
+
 def ray_node_info(cluster: ClusterView, node_id: str) -> NodeInfo | None:
     """What Ray's node table says about a node, for the safety rules (None: not in it)."""
     node = cluster.node(node_id)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from chaos.backends.base import Backend, Host, connect, ray_node_info
+from chaos.backends.base import Backend, Host, profile_view, ray_node_info
 from chaos.backends.kube_access import KubeAccess, PodRef
 from chaos.cluster import ClusterView, Node
 from chaos.errors import ClusterError, ProfileError, TransportError
@@ -74,13 +74,7 @@ class KubernetesBackend(Backend):
             self.kube = KubeAccess.from_settings(settings)
         version = self.kube.server_version()
         raycluster = self.kube.raycluster()
-        ray_settings = self.profile.ray
-        try:
-            connect(ray_settings.gcs_address, ray_settings.driver_ip)
-        except Exception as e:
-            raise ClusterError(f"cannot reach the Ray cluster of {self.kube.cluster_ref} (profile "
-                               f"{self.profile.name!r}) at {ray_settings.gcs_address}: {e}") from e
-        view = ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address, ray_settings.driver_ip)
+        view = profile_view(self.profile, f"{self.kube.cluster_ref} (profile {self.profile.name!r})")
         self._baseline = len(view.alive_workers())
         self._pod_baseline = len(self._worker_pods()[1])
         state = (raycluster.get("status") or {}).get("state")
@@ -91,7 +85,7 @@ class KubernetesBackend(Backend):
             "kubernetes.namespace": self.kube.namespace,
             "raycluster": f"{self.kube.namespace}/{self.kube.ray_cluster}" + (f" ({state})" if state else ""),
             "nodes": f"{self._baseline} workers alive at start, {self._pod_baseline} worker pods Running+Ready",
-            "dashboard": ray_settings.dashboard_url}
+            "dashboard": self.profile.ray.dashboard_url}
         if settings.hyperpod is not None:
             self.properties["hyperpod"] = f"{settings.hyperpod.cluster_name} ({settings.hyperpod.region})"
         return view

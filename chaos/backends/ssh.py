@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from chaos.backends.base import Backend, Host, connect, ray_node_info
+from chaos.backends.base import Backend, Host, profile_view, ray_node_info
 from chaos.cluster import ClusterView, Node
-from chaos.errors import ChaosError, ClusterError
+from chaos.errors import ChaosError
 from chaos.safety import NodeInfo
 from chaos.transport.base import Transport
 from chaos.transport.local import LocalTransport
@@ -49,16 +49,11 @@ class SSHBackend(Backend):
         return self.profile.storage.path
 
     def _open(self) -> ClusterView:
-        ray_settings = self.profile.ray
-        try:
-            connect(ray_settings.gcs_address, ray_settings.driver_ip)
-        except Exception as e:
-            raise ClusterError(f"cannot reach the Ray cluster of profile {self.profile.name!r} at "
-                               f"{ray_settings.gcs_address}: {e}") from e
-        view = ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address, ray_settings.driver_ip)
+        view = profile_view(self.profile, f"profile {self.profile.name!r}")
         self._baseline = len(view.alive_workers())
         self.properties = {"ray.version": ray.__version__, "cluster": f"profile {self.profile.name}",
-                           "nodes": f"{self._baseline} workers alive at start", "dashboard": ray_settings.dashboard_url}
+                           "nodes": f"{self._baseline} workers alive at start",
+                           "dashboard": self.profile.ray.dashboard_url}
         return view
 
     def _close(self) -> None:
