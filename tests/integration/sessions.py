@@ -35,7 +35,11 @@ def run_session(profile, reports, workload, *extra, tape, timeout=900):
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.terminate()
-        out, _ = p.communicate(timeout=120)
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # it did not get out within 2 minutes: the ledger says what is left
+            p.kill()
+            out, _ = p.communicate()
         pytest.fail(f"{workload}: the chaos session ran past {timeout} s\n{out[-4000:]}")
     finally:
         assert_reverted(Path(reports) / "ledger.jsonl")

@@ -19,7 +19,7 @@ Lightning callbacks, the every-3rd script) and ``global_step`` (the accumulation
 Every script's correct resume runs here, and one failing session per diagnosis: the
 Lightning and every-3rd bug flags give the same diagnoses as the HF case and as
 test_user_workloads.py's rank-0-only case, so they are left to a run by hand (CI time:
-each session costs about 2 minutes).
+each session costs about a minute).
 
 Time: 65-85 s per case on a 2-core machine; the scripts' own training is ~10-20 s of
 that, the rest is pytest's start, the job's start (framework imports), the worker group's
