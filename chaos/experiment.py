@@ -398,10 +398,9 @@ class Experiment:
 
     def _recover(self) -> None:
         fault_t = self.timeline.of("fault_injected")[-1].t
-        run = run_at(self.timeline, fault_t)
 
-        def recovered(events):
-            hit = first_recovery(events, run, fault_t)
+        def recovered(events):  # the run the fault hit, asked anew: its start may still be on its way
+            hit = first_recovery(events, run_at(self.timeline, fault_t), fault_t)
             if hit is not None:
                 return hit[1]
             return next((e for e in events if e.t >= fault_t and e.kind in ("run_finished", "job_finished")), None)
