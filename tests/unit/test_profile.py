@@ -661,3 +661,16 @@ def test_hyperpod_needs_cluster_and_region_and_accepts_an_arn(tmp_path):
     arn = "arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdef123456"
     p = load_profile(write(tmp_path, text + f"    cluster_name: {arn}\n    endpoint_url: http://127.0.0.1:9000/\n"))
     assert (p.kubernetes.hyperpod.cluster_name, p.kubernetes.hyperpod.endpoint_url) == (arn, "http://127.0.0.1:9000")
+
+
+def test_the_profiles_docs_list_every_catalog_kind_with_its_budget_and_fault():
+    """docs/profiles.md's table of `faults` kinds is the catalog's, row for row: a new kind,
+    another expected budget or a fault class moved cannot leave the docs behind."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "profiles.md").read_text()
+    section = doc[doc.index("### `faults`"):doc.index("### `safety`")]
+    rows = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `([a-z-]+)` \| ([^|]+) \| ([^|]+) \|$", section, re.M)}
+    assert list(rows) == list(catalog.KINDS), "docs/profiles.md's kinds are not the catalog's (in its order)"
+    for name, k in catalog.KINDS.items():
+        budget, impl = rows[name]
+        assert budget.startswith(f"`{k.budget_class}`" if k.budget_class else "none"), (name, budget)
+        assert impl == f"`{k.impl}`" if k.impl else "planned" in impl, (name, impl)
