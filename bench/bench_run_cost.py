@@ -12,6 +12,11 @@ of each attempt, and the per-attempt synchronization, dataset, preemption-watche
 placement-group-cleaner actors) is a new process importing Ray Train and, for the
 workers, torch.  A process that exits between two samples loses up to 0.2 s of its CPU
 (an undercount).
+
+CPU seconds drift with the machine (the same test measured 89 and 150 CPU s on two days
+here), so the bench first times one fixed piece of the same work — ``import ray.train.torch``
+in a fresh interpreter, which every Train worker, controller and driver pays — and prints
+the session's CPU in those units too: compare runs of different days by that ratio.
 Run: .venv/bin/python bench/bench_run_cost.py [pytest selection ...]
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -75,7 +81,16 @@ def _telling(name: str) -> int:
     return 3 if name.startswith("ray::") and name != "ray::IDLE" else 2 if name == "ray::IDLE" else 0 if name == "?" else 1
 
 
+def calibrate() -> float:
+    """CPU seconds of ``import ray.train.torch`` in a fresh interpreter, on this machine now."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import ray.train.torch"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def main(selection: list[str]) -> int:
+    unit = calibrate()
     sampler = Sampler()
     sampler.start()
     t0 = time.monotonic()
@@ -96,6 +111,8 @@ def main(selection: list[str]) -> int:
     print(f"{' '.join(selection)}")
     print(f"wall {wall:.1f} s, CPU {total:.1f} s: {total / wall:.2f} of {cores} cores busy on average; "
           f"floor on {cores} cores {total / cores:.1f} s")
+    print(f"calibration: import ray.train.torch takes {unit:.2f} CPU s here now; the session's CPU is "
+          f"{total / unit:.1f} such imports")
     print(f"{'kind':40} {'procs':>5} {'CPU s':>7} {'share':>6}")
     for name, cpus in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         if sum(cpus) >= 0.2:
