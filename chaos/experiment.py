@@ -31,7 +31,7 @@ from chaos.report import Reporter
 from chaos.timeline import Event, Timeline, first_recovery, recovery_metrics, run_at
 from chaos.train.run import Run, RunSpec
 from chaos.train.tape import ENV_TAPE_FILE
-from chaos.triggers import trigger_blocker
+from chaos.triggers import run_ended
 from chaos.verify import (Expectation, Verdict, check, did_not_end, did_not_resume, ended_before_fault, healed,
                           verdicts_for)
 from chaos.waits import poll_until
@@ -391,7 +391,7 @@ class Experiment:
         try:
             return trigger.wait(self.timeline, self.env.timeouts.trigger_s)
         except WaitTimeout:
-            ended = trigger_blocker(self.timeline.events)
+            ended = run_ended(self.timeline.events)
             if ended is None:
                 raise
             raise Finding(ended_before_fault(i, trigger.describe(), ended)) from None

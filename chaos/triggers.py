@@ -10,17 +10,21 @@ from chaos.errors import WaitTimeout
 from chaos.timeline import Event, Timeline, latest_run
 
 
-def trigger_blocker(events: list[Event]) -> Event | None:
-    """The event after which no trigger can fire: the job's end, or the latest Train run's
-    (a warm-up fit() that finished is followed by the run under test, not an end)."""
+def run_ended(events: list[Event]) -> Event | None:
+    """The event after which no trigger fired: the job's end, or the latest Train run's
+    (``fit()``'s) end.  Only once a wait is over: while the job runs, a finished ``fit()``
+    may be followed by the run under test (a warm-up first) — ``_job_ended`` is what stops
+    a trigger's wait early."""
     latest = latest_run(events)
     return next((e for e in events if e.kind == "job_finished"
                  or (e.kind == "run_finished" and e.data.get("run_id") == latest)), None)
 
 
-def _finished(events: list[Event]) -> str | None:
-    ended = trigger_blocker(events)
-    return f"the run already ended ({ended.describe()})" if ended else None
+def _job_ended(events: list[Event]) -> str | None:
+    """A trigger's wait stops early only on the job's end: when a run finishes, nothing yet
+    says whether the driver's next line is another ``fit()``."""
+    ended = next((e for e in events if e.kind == "job_finished"), None)
+    return f"the run already ended ({run_ended(events).describe()})" if ended else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +51,7 @@ class AfterCheckpoint:
                         return e
             return None
 
-        return timeline.wait_for(ready, timeout, f"checkpoint {self.k} to be committed", abort=_finished)
+        return timeline.wait_for(ready, timeout, f"checkpoint {self.k} to be committed", abort=_job_ended)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +76,7 @@ class AtStep:
             return next((e for e in _reports(events, since) if (e.data.get("step") or -1) >= self.n
                          and (self.attempt is None or e.attempt == self.attempt)), None)
 
-        return timeline.wait_for(ready, timeout, f"step {self.n} to be reported", abort=_finished)
+        return timeline.wait_for(ready, timeout, f"step {self.n} to be reported", abort=_job_ended)
 
 
 # -- campaign triggers (chaos.campaign): each counts only the attempt running when its wait
@@ -92,9 +96,9 @@ def _hold(timeline: Timeline, seconds: float, what: str, early=None) -> Event | 
     abort or a stall stops it like any wait).  Returns what ``early(events)`` finds if that
     comes first, else None once the time is up."""
     try:
-        return timeline.wait_for(early or (lambda events: None), seconds, what, abort=_finished)
+        return timeline.wait_for(early or (lambda events: None), seconds, what, abort=_job_ended)
     except WaitTimeout:
-        if _finished(timeline.events):
+        if _job_ended(timeline.events):
             raise
         return None
 
@@ -151,11 +155,11 @@ class CheckpointPhase:
 
         if self.phase == "after":
             return timeline.wait_for(committed, timeout, f"the checkpoint of step {self.step} to be committed",
-                                     abort=_finished)
+                                     abort=_job_ended)
         before = timeline.wait_for(
             lambda events: next((e for e in _reports(events, since) if (e.data.get("step") or -1) >= self.step - 1),
                                 None),
-            timeout, f"step {self.step - 1} to be reported", abort=_finished)
+            timeout, f"step {self.step - 1} to be reported", abort=_job_ended)
         if self.phase == "before":
             return before
         what = f"{self.offset_s:g} s into the commit step {self.step}"
@@ -179,7 +183,7 @@ class AfterRecovery:
     def wait(self, timeline: Timeline, timeout: float) -> Event:
         since = _current_attempt(timeline.events)
         first = timeline.wait_for(lambda events: next(iter(_reports(events, since)), None), timeout,
-                                  "the running attempt's first report", abort=_finished)
+                                  "the running attempt's first report", abort=_job_ended)
         what = f"{self.delay_s:g} s after attempt {first.attempt}'s first report"
         _hold(timeline, first.t + self.delay_s - time.time(), what)
         return _elapsed(first, what)

@@ -22,7 +22,7 @@ import ray
 import chaos
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline
-from chaos.triggers import trigger_blocker
+from chaos.triggers import run_ended
 from chaos.waits import poll_until
 from chaos.train.recorder import ENV_STATE_METRIC, ENV_STEP_METRIC
 from chaos.train.sink import ENV_SINK, SinkPump, measure_clock_offset, start_sink
@@ -207,7 +207,7 @@ class Run:
 
         Once Train's run has ended the job's status is read directly: Ray's log stream ends
         only on its own 1 s polls, seconds after the job did."""
-        end = self.timeline.wait_for(trigger_blocker, timeout, f"the run of job {self.job_id} to finish")
+        end = self.timeline.wait_for(run_ended, timeout, f"the run of job {self.job_id} to finish")
         if end.kind == "run_finished":
             self._job_ended(*poll_until(self._terminal_status, 120,
                                         f"job {self.job_id} to end after its Train run finished", interval=0.2))

@@ -271,10 +271,15 @@ def test_after_recovery_counts_from_the_running_attempts_first_report():
     assert fired.t >= first.t + 0.3 and time.time() - t0 < 1.5
 
 
-def test_a_delay_stops_when_the_run_ends():
+def test_a_delay_stops_when_the_job_ends():
     tl = Timeline()
     report(tl, 0, 5)
-    later(0.05, lambda: tl.emit("recorder", "run_finished", state="FINISHED"))
+
+    def job_ends():
+        tl.emit("recorder", "run_finished", state="FINISHED")
+        tl.emit("harness", "job_finished", status="SUCCEEDED")
+
+    later(0.05, job_ends)
     with pytest.raises(WaitTimeout, match="the run already ended"):
         AfterRecovery(5).wait(tl, timeout=10)
 

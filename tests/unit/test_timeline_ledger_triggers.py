@@ -26,10 +26,41 @@ def test_wait_timeout_says_what_was_awaited_and_seen():
         AtStep(9).wait(tl, timeout=0.1)
 
 
-def test_trigger_stops_waiting_when_the_run_already_ended():
-    tl = Timeline([Event(1.0, "recorder", "run_finished", {"state": "ERRORED"})])
-    with pytest.raises(WaitTimeout, match="the run already ended"):
-        AfterCheckpoint(2).wait(tl, timeout=5)
+def test_trigger_stops_waiting_when_the_job_already_ended():
+    tl = Timeline([Event(1.0, "recorder", "run_finished", {"state": "ERRORED"}),
+                   Event(2.0, "harness", "job_finished", {"status": "FAILED"})])
+    with pytest.raises(WaitTimeout, match=r"the run already ended \(recorder.run_finished"):
+        AfterCheckpoint(2).wait(tl, timeout=60)
+
+
+def test_a_warm_up_fit_that_ends_before_the_next_one_starts_does_not_stop_the_wait():
+    """As it happens live: the warm-up's end is all the wait has seen (the driver's next
+    fit() has not started its controller yet); the run under test's checkpoint 2 then fires it."""
+    s = Script().start_attempt().steps(1, 3)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    tl = s.timeline()
+    looked = threading.Event()
+    tl.guard = lambda events: looked.set()  # called on every look the wait takes
+    got = {}
+
+    def wait():
+        try:
+            got["event"] = AfterCheckpoint(2).wait(tl, timeout=60)
+        except WaitTimeout as e:
+            got["error"] = e
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert looked.wait(10), "the trigger's wait never looked at the timeline"
+    second = Script()
+    second.events.clear()
+    second.t = s.t
+    second.new_run("run2").start_attempt().steps(1, 10)
+    for e in second.events:
+        tl.add(e)
+    waiter.join(10)
+    assert "error" not in got, got
+    assert (got["event"].data["run_id"], got["event"].data["step"]) == ("run2", 10), got
 
 
 def test_abort_interrupts_every_wait():

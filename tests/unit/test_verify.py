@@ -863,20 +863,20 @@ def test_a_crash_loop_under_an_unlimited_budget_is_a_finding():
 
 
 def test_a_run_that_ends_before_the_trigger_is_a_finding_naming_the_trigger():
-    from chaos.triggers import trigger_blocker
+    from chaos.triggers import run_ended
     from chaos.verify import ended_before_fault
 
     s = Script().start_attempt().steps(1, 7).finish()
-    ended = trigger_blocker(s.events)
+    ended = run_ended(s.events)
     v = ended_before_fault(1, "after checkpoint 2 is committed", ended)
     assert v.status == "fail" and v.diagnosis == "run ended before the fault", v
     assert v.message.startswith("run ended before the fault: fault 1 waited after checkpoint 2 is committed, but "
                                 "recorder.run_finished")
-    # a warm-up fit() that ended is no blocker for the run after it
+    # once a wait is over, a warm-up fit() that ended is not the end: the run after it is
     w = Script().start_attempt().steps(1, 3)
     w.events.append(w._e("recorder", "run_finished", state="FINISHED"))
     w.new_run().start_attempt().steps(1, 2)
-    assert trigger_blocker(w.events) is None
+    assert run_ended(w.events) is None
 
 
 def test_a_finish_phase_timeout_is_a_finding_driver_hang_or_run_not_finished():
