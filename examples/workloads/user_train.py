@@ -28,6 +28,8 @@ the classic mistakes the harness must catch.
     --step-time S         seconds per step (default 0.3)
     --report-at-checkpoints-only  reports only when it checkpoints (every 5th step)
     --no-checkpoint       never hands Train a checkpoint
+    --warmup-fit          first a short fault-free fit() of its own (3 steps, no checkpoint:
+                          a smoke test of the data and model), then the run under test
 """
 
 import argparse
@@ -114,7 +116,7 @@ if __name__ == "__main__":
     for flag in ("--ignore-checkpoint", "--default-failure-config", "--crash-before-training", "--restore-rank0-only",
                  "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
-                 "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint"):
+                 "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -126,18 +128,21 @@ if __name__ == "__main__":
     if a.crash_before_training:
         raise RuntimeError("could not open the training data: /data/shards does not exist")
     name = f"user-{os.getpid()}"
+    config = {"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric,
+              "restore_rank0_only": a.restore_rank0_only, "crash_on_restore": a.crash_on_restore,
+              "restore_previous": a.restore_previous_checkpoint, "run_dir": os.path.join(a.storage, name),
+              "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
+              "no_step_after_restore": a.no_step_after_restore,
+              "learn": a.learn or a.evaluate_after_restore or a.restore_step_only,
+              "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
+              "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
+              "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint}
+    if a.warmup_fit:
+        TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(storage_path=a.storage, name=f"{name}-warmup")).fit()
     TorchTrainer(
         loop,
-        train_loop_config={"ignore_checkpoint": a.ignore_checkpoint, "steps": a.steps, "metric": a.metric,
-                           "restore_rank0_only": a.restore_rank0_only, "crash_on_restore": a.crash_on_restore,
-                           "restore_previous": a.restore_previous_checkpoint,
-                           "run_dir": os.path.join(a.storage, name),
-                           "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
-                           "no_step_after_restore": a.no_step_after_restore,
-                           "learn": a.learn or a.evaluate_after_restore or a.restore_step_only,
-                           "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
-                           "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
-                           "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint},
+        train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=a.storage, name=name,
                              failure_config=None if a.default_failure_config else FailureConfig(

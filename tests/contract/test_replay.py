@@ -98,6 +98,18 @@ EXPECTED = {
     "user_no_checkpoint": {  # never hands Train a checkpoint
         "resumed-from-latest": ("unverifiable", "the run reported no checkpoint to Ray Train"),
     },
+    # --warmup-fit: a fault-free fit() of 3 steps first, then the run under test (killed after
+    # its checkpoint 2, step 10): every verdict judges the second run
+    "user_warmup_fit_healthy": {
+        "resumed-from-latest (run 2, attempt 1)": ("pass", f"attempt 1 resumed at step 11, {RESUMED} (step 10) on "
+                                                           "every rank"),
+        "within-budget": ("pass", "charged 1 to max_failures=3"),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    "user_warmup_fit_ignores_checkpoint": {  # the run under test never calls get_checkpoint()
+        "resumed-from-latest (run 2, attempt 1)": ("fail", "restarted from scratch: attempt 1 began at step 1 on "
+                                                           "every rank although checkpoint step 10"),
+    },
     # Hugging Face Trainer with Ray's callback: reports (with a checkpoint) at steps 4, 8, ...
     "hf_trainer_healthy": {  # one report (4 steps) after the latest checkpoint: 12 after 8 as recorded
         "resumed-from-latest": ("pass", one_stride_after_the_checkpoint(4)),

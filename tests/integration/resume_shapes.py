@@ -25,8 +25,9 @@ def shape(chaos, tmp_path, flags, deterministic=False):
     return user_spec(cmd, name, working_dir=str(WORKLOADS), state_metric="auto", deterministic=deterministic)
 
 
-def resume(outcome, attempt=1):
-    return outcome.verdict(f"resumed-from-latest (attempt {attempt})")
+def resume(outcome, attempt=1, run=None):
+    """The resume verdict of ``attempt`` (of Train run ``run``, 1-based, where the job ran several)."""
+    return outcome.verdict(f"resumed-from-latest ({f'run {run}, ' if run else ''}attempt {attempt})")
 
 
 def test_fault_before_the_first_checkpoint_then_evaluate_after_restore(chaos, tmp_path):
@@ -76,3 +77,24 @@ def test_no_checkpoint_handed_to_train(chaos, tmp_path):
     outcome = chaos.run(shape(chaos, tmp_path, "--no-checkpoint"), faults=[(AtStep(8), chaos.raylet_kill(rank=1))])
     [v] = [v for v in outcome.verdicts if v.name.startswith("resumed-from-latest")]
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint reported", v.line()
+
+
+def test_warm_up_fit_then_a_correct_resume(chaos, tmp_path):
+    """A short fault-free fit() first (3 steps, no checkpoint), then the run under test: the
+    trigger counts the second run's checkpoints, and every verdict judges that run."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--warmup-fit"), faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    assert len({e.data["run_id"] for e in outcome.timeline.of("controller_started")}) == 2, "two fit() runs"
+    [hit] = {e.data["run_id"] for e in outcome.timeline.of("failure_decision")}
+    assert hit == outcome.timeline.of("controller_started")[1].data["run_id"], "the fault hit the second run"
+    v = resume(outcome, run=2)
+    assert v.status == "pass" and "attempt 1 resumed at step 11" in v.message, v.line()
+    outcome.assert_verdicts()
+
+
+def test_warm_up_fit_then_a_restart_from_scratch(chaos, tmp_path):
+    """The same, the run under test ignoring its checkpoint: the warm-up's clean run must not
+    stand in for it."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--warmup-fit --ignore-checkpoint"),
+                        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    v = resume(outcome, run=2)
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()

@@ -18,6 +18,8 @@ FIXTURES = {  # test in resume_shapes.py -> contract fixture
     "test_reports_only_at_checkpoints_fault_after_the_first": "user_reports_at_checkpoints_only",
     "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
     "test_no_checkpoint_handed_to_train": "user_no_checkpoint",
+    "test_warm_up_fit_then_a_correct_resume": "user_warmup_fit_healthy",
+    "test_warm_up_fit_then_a_restart_from_scratch": "user_warmup_fit_ignores_checkpoint",
 }
 
 
