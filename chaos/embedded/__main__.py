@@ -85,12 +85,14 @@ def serve(args) -> int:
             recovery_delay_s=args.recovery_delay, base_dir=base, hosts=_hosts_mode(args.hosts)))
     try:
         cluster.up()
+        # The profile first: `up` returns once the ready state is written, and its caller's
+        # next command reads the profile.
+        if args.profile_out:
+            _write_profile(cluster, Path(args.profile_out))
         if args.kubernetes:
             keeper = _KubeStateKeeper(base, cluster).start()  # writes the ready state
         else:
             _write_state(base, {"kind": "embedded", "ready": True, "serve_pid": os.getpid(), **cluster.status()})
-        if args.profile_out:
-            _write_profile(cluster, Path(args.profile_out))
         starting = False
         stop.wait()
     except (Exception, _Stopped) as e:  # the supervisor's one report of a failed start: `up` prints it

@@ -15,6 +15,7 @@ from chaos.embedded.redis import ping
 from chaos.errors import ClusterError
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
 from chaos.procs import session_members
+from chaos.profile import load_profile
 from chaos.transport.local import LocalTransport
 from chaos.waits import poll_until
 
@@ -152,10 +153,13 @@ def test_bad_config_is_refused():
 def test_command_line_up_status_down(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(tmp_path)],
                                     cwd=ROOT, capture_output=True, text=True, timeout=300)
-    up = run("up", "--workers", "3")
+    profile = tmp_path / "profile.yaml"
+    up = run("up", "--workers", "3", "--profile-out", str(profile))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "embedded cluster up: dashboard http://" in up.stdout
+        # the caller's next command reads it (it was once written after `up` had returned)
+        assert load_profile(profile).ray.dashboard_url in up.stdout
         state = json.loads((tmp_path / "state.json").read_text())
         leaders = [state["head_pid"]] + [h["pid"] for h in state["hosts"] if h["pid"]]
         st = run("status")
