@@ -35,7 +35,7 @@ MAGIC = b"CHAOSCU1"
 SIZE = 4096
 TEXT_OFFSET = 64
 CAPACITY = SIZE - TEXT_OFFSET
-EVENTS = {"inject", "arm", "disarm"}
+EVENTS = {"inject", "arm", "disarm", "boot_id_unreadable"}
 
 
 def _fnv1a(data: bytes) -> int:
@@ -102,7 +102,7 @@ def control_command(control_path: str, plan: Plan | None, python: str = "python3
 
 
 def read_log(log_path: str | os.PathLike) -> list[dict]:
-    """The shim's JSON events (inject/arm/disarm) from a log file, in file order.
+    """The shim's JSON events (inject/arm/disarm/boot_id_unreadable) from a log file, in file order.
 
     Other lines (a log that is also a process's stderr) and a torn last line are skipped.
     """

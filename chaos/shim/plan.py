@@ -55,6 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 _GLOB = re.compile(r"^[A-Za-z0-9_*?\[\]]+$")
 _KERNEL_GLOB = re.compile(r"^[^\s;=]+$")
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class Plan(BaseModel):
@@ -75,6 +76,7 @@ class Plan(BaseModel):
     rank: NonNegativeInt | None = None
     local_rank: NonNegativeInt | None = None
     device: NonNegativeInt | None = None
+    boot_id: str | None = None  # fire only on the host whose current boot is this one
     kernel: str | None = None
     delay_us: NonNegativeInt = 0
 
@@ -118,6 +120,15 @@ class Plan(BaseModel):
             raise ValueError(f"kernel glob {v!r} must be 1-127 characters without spaces, ';' or '='")
         return v
 
+    @field_validator("boot_id")
+    @classmethod
+    def _boot_id_form(cls, v: str | None) -> str | None:
+        if v is not None and not _BOOT_ID.fullmatch(v):
+            raise ValueError(f"boot id {v!r} is not a Linux boot id: a lowercase UUID such as "
+                             "1b4e28ba-2fa1-11d2-883f-0016d3cca427, as /proc/sys/kernel/random/boot_id "
+                             "holds it (without the newline)")
+        return v
+
     @model_validator(mode="after")
     def _mode_needs(self) -> Plan:
         if self.mode == "delay" and self.delay_us == 0:
@@ -144,6 +155,6 @@ class Plan(BaseModel):
             "sticky": int(self.sticky), "error": self.error, "after": self.after, "every": self.every,
             "probability": repr(self.probability), "seed": self.seed, "times": self.times or 0,
             "rank": self.rank, "local_rank": self.local_rank, "device": self.device,
-            "kernel": self.kernel, "delay_us": self.delay_us,
+            "boot_id": self.boot_id, "kernel": self.kernel, "delay_us": self.delay_us,
         }
         return "".join(f"{k}={v}\n" for k, v in fields.items() if v is not None)

@@ -10,9 +10,9 @@
  * every wrapper first loads one word that says, for the control file's generation it was
  * computed for, which entry points would pass straight through under the current plan
  * (all while disarmed; while armed, those of other symbols, or all for another rank or
- * once the plan's shots are spent).  If that generation is the file's and the wrapper's
- * bit is set, that is the whole cost.  See README.md for the plan language and the
- * control-file layout.
+ * boot, or once the plan's shots are spent).  If that generation is the file's and the
+ * wrapper's bit is set, that is the whole cost.  See README.md for the plan language and
+ * the control-file layout.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -140,6 +140,8 @@ typedef struct plan {
     uint64_t after, every, times, seed, delay_us;
     double probability;
     int rank, local_rank, device; /* -1 = any */
+    char boot_id[40];             /* "" = any host */
+    int other_boot;               /* set when applied: boot_id is not this host's (or unreadable) */
     char kernel[128];
     /* run-time state, reset on arm (new plan) and in a forked child */
     uint64_t calls, fired;
@@ -157,6 +159,8 @@ static uint64_t g_pass;
 static plan_t *g_plan;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_rank = -1, g_local_rank = -1;   /* read lazily: Ray sets them after start */
+static char g_boot_id[40];                   /* this host's, read once when a plan first selects one */
+static int g_boot_id_read, g_boot_id_reported;
 static char g_host[256];
 static int g_log_fd = -1;
 
@@ -380,6 +384,14 @@ static void log_event(const char *event, const plan_t *p, const char *symbol, ui
     }
 }
 
+/* The `arm` line, plus once per process a line saying a boot_id plan cannot fire here
+ * because this host's boot id is unreadable. */
+static void log_arm(const plan_t *p) {
+    log_event("arm", p, "", 0);
+    if (p->boot_id[0] && !g_boot_id[0] && !__atomic_exchange_n(&g_boot_id_reported, 1, __ATOMIC_RELAXED))
+        log_event("boot_id_unreadable", p, "", 0);
+}
+
 /* ---- plan parsing: `key=value`, one per line or ';'-separated ---- */
 static int parse_u64(const char *s, uint64_t *out) {
     char *end;
@@ -412,6 +424,17 @@ static int parse_symbols(char *list, uint64_t *mask) {
     return *mask ? 0 : -1;
 }
 
+/* The kernel's form: a lowercase UUID, as /proc/sys/kernel/random/boot_id holds it. */
+static int parse_boot_id(const char *s, char *out) {
+    if (strlen(s) != 36) return -1;
+    for (int i = 0; i < 36; i++) {
+        int dash = i == 8 || i == 13 || i == 18 || i == 23;
+        if (dash ? s[i] != '-' : !((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return -1;
+    }
+    memcpy(out, s, 37);
+    return 0;
+}
+
 static int parse_kv(plan_t *p, const char *k, char *v) {
     uint64_t u;
     if (!strcmp(k, "plan_id")) {
@@ -430,6 +453,7 @@ static int parse_kv(plan_t *p, const char *k, char *v) {
         return -1;
     }
     if (!strcmp(k, "error")) return parse_error(v, &p->error);
+    if (!strcmp(k, "boot_id")) return parse_boot_id(v, p->boot_id);
     if (!strcmp(k, "kernel")) return snprintf(p->kernel, sizeof p->kernel, "%s", v) < (int)sizeof p->kernel ? 0 : -1;
     if (!strcmp(k, "probability")) {
         char *end;
@@ -526,6 +550,19 @@ static int other_rank(const plan_t *p) {
            (p->local_rank >= 0 && local >= 0 && local != p->local_rank);
 }
 
+/* This host's boot id ("" if unreadable), read on first use; caller holds g_lock. */
+static const char *boot_id(void) {
+    if (!g_boot_id_read) {
+        g_boot_id_read = 1;
+        int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, g_boot_id, sizeof g_boot_id - 1) : -1;
+        if (fd >= 0) close(fd);
+        if (n > 0 && g_boot_id[n - 1] == '\n') n--;
+        g_boot_id[n > 0 ? n : 0] = 0;
+    }
+    return g_boot_id;
+}
+
 /* Recomputes g_pass for the applied generation; caller holds g_lock.  Every change of
  * what it reads (plan, arm log, trip, pending fault, shots left, known rank) is followed
  * by a call, so the last call sees the latest state.  Calls that find their bit set are
@@ -541,7 +578,7 @@ static void update_pass(void) {
         pass = ALL_PASS;
     } else if (!__atomic_load_n(&g_arm_unlogged, __ATOMIC_ACQUIRE) && !__atomic_load_n(&p->tripped, __ATOMIC_ACQUIRE)) {
         int spent = p->times && __atomic_load_n(&p->fired, __ATOMIC_ACQUIRE) >= p->times;
-        pass = other_rank(p) || spent ? ALL_PASS : ALL_PASS & ~p->mask;
+        pass = other_rank(p) || p->other_boot || spent ? ALL_PASS : ALL_PASS & ~p->mask;
         if (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) pass &= ~k_sync_mask;
     }
     __atomic_store_n(&g_pass, gen << 32 | pass, __ATOMIC_RELEASE);
@@ -558,11 +595,12 @@ static void refresh_pass(void) {
  * child of a shimmed process inherits LD_PRELOAD, and most never touch CUDA. */
 static void publish(plan_t *p, uint32_t gen, int at_startup) {
     plan_t *old = g_plan;
+    if (p && p->boot_id[0]) p->other_boot = strcmp(p->boot_id, boot_id()) != 0; /* fails safe: "" never matches */
     __atomic_store_n(&g_plan, p, __ATOMIC_RELEASE);
     __atomic_store_n(&g_seen_gen, (uint64_t)gen, __ATOMIC_RELEASE);
     int old_unlogged = __atomic_exchange_n(&g_arm_unlogged, p && at_startup, __ATOMIC_ACQ_REL);
     update_pass();
-    if (p && !at_startup) log_event("arm", p, "", 0);
+    if (p && !at_startup) log_arm(p);
     else if (!p && old && !old_unlogged) log_event("disarm", old, "", 0);
 }
 
@@ -604,6 +642,7 @@ static uint64_t splitmix64(uint64_t x) {
 }
 
 static int selectors_match(const plan_t *p, int kind, void *func) {
+    if (p->other_boot) return 0;
     if (p->rank >= 0 && env_int("RANK", &g_rank) != p->rank) return 0;
     if (p->local_rank >= 0 && env_int("LOCAL_RANK", &g_local_rank) != p->local_rank) return 0;
     if (p->device >= 0) {
@@ -643,7 +682,7 @@ static CUresult gate(int id, int kind, void *func) {
     plan_t *p = current_plan();
     if (!p) return CUDA_SUCCESS;
     if (__atomic_load_n(&g_arm_unlogged, __ATOMIC_RELAXED) && __atomic_exchange_n(&g_arm_unlogged, 0, __ATOMIC_ACQ_REL)) {
-        log_event("arm", p, "", 0);
+        log_arm(p);
         refresh_pass();
     }
     if (__atomic_load_n(&p->tripped, __ATOMIC_ACQUIRE))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import struct
 import subprocess
 import time
+from pathlib import Path
 
 from chaos.shim.control import arm, disarm, read_log, write_control
 from chaos.shim.plan import Plan
+
+from shim_helpers import compile_program
 
 LOG_KEYS = {"t", "host", "pid", "rank", "symbol", "call", "mode", "error", "error_name", "plan_id", "event"}
 
@@ -189,6 +192,67 @@ def test_device_selector(run_driver):
     run = run_driver("gpa2", "launch", "dev:1", "launch", "dev:2", "launch",
                      plan=Plan(symbols=("cuLaunchKernel",), device=1, times=None))
     assert run.codes("launch") == [0, 719, 0]
+
+
+def this_boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def until_reboot(boot_id: str) -> Plan:
+    """The xid fault's plan: every driver call on the host of `boot_id` fails until it reboots."""
+    return Plan(symbols=("*",), mode="error", times=None, error=999, boot_id=boot_id, plan_id="xid")
+
+
+# Makes the boot id file unreadable to the shim, which calls open() for it.
+NO_BOOT_ID = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <string.h>
+int open(const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    int mode = flags & O_CREAT ? va_arg(ap, int) : 0;
+    va_end(ap);
+    if (!strcmp(path, "/proc/sys/kernel/random/boot_id")) return errno = EACCES, -1;
+    return openat(AT_FDCWD, path, flags, mode);
+}
+"""
+
+
+def test_boot_id_selector_fails_every_call_on_this_boot(run_driver):
+    boot_id = this_boot_id()
+    plan = until_reboot(boot_id)
+    assert f"boot_id={boot_id}\n" in plan.render()
+    run = run_driver("gpa2", "alloc", "htod", "launch", "launch", "equery", "ssync", "fork", "launch", "ctxsync",
+                     plan=plan)
+    assert run.results() == [("alloc", 999), ("htod", 999), ("launch", 999), ("launch", 999), ("equery", 999),
+                             ("ssync", 999), ("child launch", 999), ("child ctxsync", 999)]
+    assert len(run.injections()) == 8
+
+
+def test_boot_id_selector_never_fires_on_another_boot(run_driver):
+    boot_id = this_boot_id()
+    other = ("0" if boot_id[0] != "0" else "1") + boot_id[1:]
+    run = run_driver("gpa2", "alloc", "launch", "launch", "equery", "ssync", plan=until_reboot(other))
+    assert run.results() == [("alloc", 0), ("launch", 0), ("launch", 0), ("equery", 0), ("ssync", 0)]
+    assert [e["event"] for e in run.log] == ["arm"]
+
+
+def test_boot_id_plan_never_fires_when_the_boot_id_is_unreadable(shim_env, interactive, build_dir):
+    blind = compile_program(NO_BOOT_ID, build_dir / "libno_boot_id.so", "-shared", "-fPIC")
+    env = shim_env(until_reboot(this_boot_id()))
+    env["LD_PRELOAD"] = f"{blind} {env['LD_PRELOAD']}"
+    drv = interactive("gpa2", "launch", "wait", "launch", "alloc", env=env)
+    drv.expect("launch 0")
+    drv.expect("waiting")
+    arm(shim_env.control, until_reboot(this_boot_id()))
+    drv.resume()
+    drv.expect("launch 0")
+    drv.expect("alloc 0")
+    drv.finish()
+    assert [e["event"] for e in read_log(shim_env.log)] == ["arm", "boot_id_unreadable", "arm"]
 
 
 def test_every_n(run_driver):
