@@ -88,6 +88,8 @@ NOT_DRAWN: dict[str, str] = {
                            "Ray 2.60 charges a node killed inside it to max_failures (README)",
     "pod-evict": "as pod-delete-graceful: a drain window of unknown length, charged to max_failures on Ray 2.60",
     "drain": "as pod-delete-graceful: a drain window of unknown length, charged to max_failures on Ray 2.60",
+    "xid": "as cuda: its dead-GPU plan needs the shim in the run's environment from submission, and its charge "
+           "depends on when the node agent acts (README)",
 }
 
 

@@ -28,6 +28,11 @@ MARKER_STYLE = {
     "node_alive": {"color": "tab:green", "linestyle": ":", "linewidth": 1.3},
     "attempt_started": {"color": "0.55", "linestyle": "-", "linewidth": 0.8},
     "run_finished": {"color": "0.2", "linestyle": "-.", "linewidth": 1.0},
+    # an xid fault's automatic node recovery chain: kernel-log line, the agent's verdict, node back
+    "xid_logged": {"color": "tab:purple", "linestyle": "--", "linewidth": 1.0},
+    "node_agent_acted": {"color": "tab:orange", "linestyle": "-", "linewidth": 1.2},
+    "node_agent_silent": {"color": "tab:orange", "linestyle": ":", "linewidth": 1.2},
+    "node_recovered": {"color": "tab:olive", "linestyle": "-", "linewidth": 1.2},
 }
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
 
@@ -122,6 +127,16 @@ def _marker_label(e: Event) -> str:
         return f"{e.kind.replace('_', ' ')} {node}"
     if e.kind == "attempt_started":
         return f"attempt {e.attempt}"
+    if e.kind == "xid_logged":
+        return f"kernel log: Xid {e.data.get('xid', '?')}"
+    if e.kind == "node_agent_acted":
+        cond = (e.data.get("condition") or {}).get("type")
+        label = (e.data.get("label") or "").rsplit("=", 1)[-1]
+        return "agent: " + " + ".join(x for x in (cond, label) if x)
+    if e.kind == "node_agent_silent":
+        return "agent: no action"
+    if e.kind == "node_recovered":
+        return {"reboot": "node rebooted", "replace": "node replaced"}.get(e.data.get("action"), "node back")
     return f"run {e.data.get('state', 'finished')}"
 
 

@@ -22,6 +22,7 @@ import pytest
 from chaos import summary
 from chaos.errors import Aborted
 from chaos.experiment import Environment, Experiment, Judging, Outcome
+from chaos.faults import catalog
 from chaos.faults.catalog import expected_charge
 from chaos.faults.raylet import RayletKill
 from chaos.progress import CRASH_LOOP_FAILURES
@@ -409,6 +410,7 @@ class Expect:
     checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
     final_state: bool = False  # compare the final state with a fault-free run's (chaos.baseline)
     deterministic: bool | None = None  # see Expectation; None: what the workload declares
+    charge_outcomes: list[dict[str, int]] | None = None  # see Expectation: a node-recovery fault's measured charges
 
 
 @dataclasses.dataclass
@@ -482,6 +484,24 @@ class Chaos:
         """HyperPod replacement of the rank's node, by node-health label or boto3."""
         return self._kube_fault("HyperPodReplace", rank=rank, via=via, recover_timeout_s=recover_timeout_s)
 
+    def xid(self, xid: int = 79, rank: int = 1, driver_dir: str | None = None, agent_slo_s: float | None = None,
+            recover_timeout_s: float | None = None):
+        """Xid ``xid`` on the rank's node: every driver call there fails until the node reboots, and
+        the Xid line goes to its kernel log for the node agent.  The agent SLO and the node's
+        recovery time are the kind's SLOs (profile, else catalog) unless given."""
+        from chaos.faults.xid import AgentSignals, Xid
+
+        profile = self.env.backend.profile
+        detect, recover = profile.slo_for("xid") if profile is not None else (
+            catalog.kind("xid").slo_detect_s, catalog.kind("xid").slo_recover_s)
+        kube = profile.kubernetes if profile is not None else None
+        return Xid(xid=xid, rank=rank, driver_dir=driver_dir,
+                   agent_slo_s=agent_slo_s if agent_slo_s is not None else detect,
+                   recover_timeout_s=recover_timeout_s if recover_timeout_s is not None else recover,
+                   signals=AgentSignals.from_settings(kube.node_agent if kube else None),
+                   allow_replacement=bool(profile and profile.safety.allow_node_replacement),
+                   node_shell_image=kube.node_shell_image if kube else "busybox:1.36")
+
     def _kube_fault(self, name: str, **kwargs):
         from chaos.faults import kube
 
@@ -493,12 +513,13 @@ class Chaos:
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
                checkpoint_in_window: bool | None = None, final_state: bool = False,
-               deterministic: bool | None = None) -> Expect:
+               deterministic: bool | None = None, charge_outcomes: list[dict[str, int]] | None = None) -> Expect:
         """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
         ``final_state=True`` also compares the run's final state with a fault-free run's;
-        ``deterministic=True`` makes a state value that does not reproduce a failure."""
+        ``deterministic=True`` makes a state value that does not reproduce a failure;
+        ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be seen."""
         return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state,
-                      deterministic)
+                      deterministic, charge_outcomes)
 
     def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
@@ -515,7 +536,7 @@ class Chaos:
         recover = expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos)
         return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
                            slo_detect_s=detect, slo_recover_s=recover,
-                           checkpoint_in_window=expect.checkpoint_in_window,
+                           checkpoint_in_window=expect.checkpoint_in_window, charge_outcomes=expect.charge_outcomes,
                            deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic)
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:

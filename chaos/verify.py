@@ -54,6 +54,9 @@ DIAGNOSES: tuple[str, ...] = (
     "recovery too slow", "inconclusive", "unverifiable: no report after the fault",
     # preemption-window
     "no just-in-time checkpoint", "checkpoint inside the preemption window", "unverifiable: no checkpoint cadence",
+    # node-agent, node-recovered (an xid fault's automatic node recovery chain)
+    "node agent never acted", "node agent too slow", "node not recovered", "node recovery too slow",
+    "unverifiable: no node agent evidence", "charge not among the measured outcomes",
     # run-finished
     "run failed", "run did not finish", "run did not fail cleanly",
     # progress (chaos.progress, chaos.experiment), healed
@@ -107,6 +110,10 @@ class Expectation:
     # state value that does not reproduce then fails; without it, it is a warning (a data
     # order or RNG the script does not restore can explain it).
     deterministic: bool = False
+    # A fault whose charge is the platform's (``xid``: Ray sees a rank's CUDA error and then the
+    # node's recovery, in a timing-dependent order): the per-class charges measured for it; the
+    # one seen must be among them.  None: any charge within the limits.
+    charge_outcomes: list[dict[str, int]] | None = None
 
 
 # -- resumed-from-latest -------------------------------------------------------------
@@ -670,26 +677,42 @@ class Attribution:
     by_fault: dict[str, list[Event]]  # ledger (or group) id -> decisions it caused (first one: its charge)
     consequential: list[Event]  # restarts that waited for capacity a fault took away
     unrelated: list[Event]
+    # ledger ids of faults that keep failing attempts until their node is recovered (``xid``):
+    # every decision they claimed is charged to them, and what it costs is the platform's
+    lasting: set[str] = dataclasses.field(default_factory=set)
+
+    def charges(self, key: str) -> list[Event]:
+        return self.by_fault[key] if key in self.lasting else self.by_fault[key][:1]
+
+
+# Fault kinds whose fault lasts until its node is recovered (a dead GPU fails every attempt
+# placed on it): they claim every decision until the node is back.
+LASTING_KINDS = ("xid",)
 
 
 def attribute(timeline: Timeline) -> Attribution:
     """Each fault claims the first decision after it — a correlated fault's members together,
-    as one fault; a later capacity error (the worker group could not start while the
-    fault's node was missing) is its consequence; every other decision is unrelated to the
-    injected faults."""
+    as one fault; a lasting fault (``xid``) every decision until its node is recovered; a
+    later capacity error (the worker group could not start while the fault's node was
+    missing) is its consequence; every other decision is unrelated to the injected faults."""
     faults = timeline.of("fault_injected")
     decisions = _decisions(timeline)
     groups = fault_groups(timeline)
     keys = [g[0].data.get("group") or g[0].data.get("ledger_id") or str(i) for i, g in enumerate(groups)]
     by_fault: dict[str, list[Event]] = {k: [] for k in keys}
+    lasting = {k for k, g in zip(keys, groups) if g[0].data.get("fault") in LASTING_KINDS}
     claimed: set[int] = set()
     for i, (key, group) in enumerate(zip(keys, groups)):
         nxt = groups[i + 1][0].t if i + 1 < len(groups) else float("inf")
+        if key in lasting:
+            back = timeline.first("node_recovered", where=lambda e: e.data.get("ledger_id") == key)
+            nxt = min(nxt, back.t) if back is not None else nxt
         for j, d in enumerate(decisions):
             if j not in claimed and d.t >= group[0].t - timeline.clock_uncertainty and d.t < nxt:
                 by_fault[key].append(d)
                 claimed.add(j)
-                break
+                if key not in lasting:
+                    break
     consequential, unrelated = [], []
     for j, d in enumerate(decisions):
         if j in claimed:
@@ -699,7 +722,7 @@ def attribute(timeline: Timeline) -> Attribution:
             consequential.append(d)
         else:
             unrelated.append(d)
-    return Attribution(by_fault, consequential, unrelated)
+    return Attribution(by_fault, consequential, unrelated, lasting)
 
 
 def _first_line(text: str | None) -> str:
@@ -725,9 +748,11 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
     started = _faulted_run_event(timeline, "controller_started")
     fc = started.data.get("failure_config", {}) if started else {}
     att = attribute(timeline)
-    primary = [ds[0] for ds in att.by_fault.values() if ds]
+    primary = [d for k in att.by_fault if k not in att.lasting for d in att.charges(k)]
     by_class = collections.Counter(d.data.get("budget_class") for d in primary)
+    platform = dict(collections.Counter(d.data.get("budget_class") for k in att.lasting for d in att.charges(k)))
     evidence = {"charged_by_faults": dict(by_class), "expected_charges": expect.charged, "failure_config": fc,
+                "charged_by_node_recovery_faults": platform, "charge_outcomes": expect.charge_outcomes,
                 "decisions": [{k: e.data.get(k) for k in ("run_id", "attempt", "decision", "budget_class", "count",
                                                           "limit")} | {"t": e.t} for e in decisions],
                 "attributed": {k: [d.t for d in v] for k, v in att.by_fault.items()},
@@ -774,14 +799,21 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
         diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
         return Verdict("within-budget", "fail", f"{diagnosis}: the injected faults were charged {counts or 'nothing'}, "
                        f"they should have charged {want}", diagnosis, evidence)
+    if att.lasting and expect.charge_outcomes is not None and platform not in expect.charge_outcomes:
+        return Verdict("within-budget", "fail", f"charge not among the measured outcomes: the node-recovery fault(s) "
+                       f"were charged {platform or 'nothing'}; the outcomes measured for them: {expect.charge_outcomes}",
+                       "charge not among the measured outcomes", evidence)
     limits = {c: v for c, v in (charged(timeline)).items()}
     parts = [f"{n} to {limit_name(c)}={limits[c]['limit'] if limits[c]['limit'] is not None else 'unlimited'}"
-             for c, n in counts.items()]
+             for c, n in (collections.Counter(counts) + collections.Counter(platform)).items()]
     extra = ""
     if att.consequential:
         waits = collections.Counter(d.data.get("budget_class") for d in att.consequential)
         extra = "; plus " + ", ".join(f"{n} to {limit_name(c)} while the worker group waited for the lost capacity"
                                       for c, n in waits.items())
+    if att.lasting:
+        extra += (f"; the node-recovery fault(s) charged {platform or 'nothing'} (what Ray made of the GPU failure "
+                  "and the node's recovery" + (", one of the measured outcomes)" if expect.charge_outcomes else ")"))
     return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should"
                    + extra, None, evidence)
 
@@ -1089,6 +1121,72 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
                    + f" ({origin})", None, evidence)
 
 
+# -- automatic node recovery (xid) -----------------------------------------------------------
+def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
+    """Per ``xid`` fault, the links only the platform can make: the node agent acted on the
+    Xid (its condition / label / taint on the node) within its SLO, and the node came back
+    (Ready with a new boot id, or a new node) within the recovery SLO.  Missing evidence is
+    unverifiable; an agent that never acted fails both."""
+    out = []
+    for i, fault in enumerate((e for e in timeline.of("fault_injected") if e.data.get("fault") == "xid"), 1):
+        lid = fault.data.get("ledger_id")
+
+        def mine(kind: str) -> Event | None:
+            return timeline.first(kind, where=lambda e: e.data.get("ledger_id") == lid)
+
+        logged, acted, silent = mine("xid_logged"), mine("node_agent_acted"), mine("node_agent_silent")
+        back, stuck = mine("node_recovered"), mine("node_not_recovered")
+        xid = logged.data.get("xid") if logged else "?"
+        slo_agent, slo_back = (logged.data.get("agent_slo_s"), logged.data.get("recover_slo_s")) if logged else (None,
+                                                                                                            None)
+        evidence = {"xid": xid, "line": logged.data.get("line") if logged else None,
+                    "kernel_log": logged.data.get("written") if logged else None, "agent_slo_s": slo_agent,
+                    "recover_slo_s": slo_back}
+        name = f"node-agent (fault {i})"
+        if acted is not None:
+            after = acted.t - fault.t
+            signal = ", ".join(f"{k} {v}" for k, v in acted.data.items() if k in ("condition", "label", "taints"))
+            evidence.update(agent_after_s=round(after, 3), signals={k: acted.data.get(k) for k in
+                                                                     ("condition", "label", "taints")})
+            if slo_agent is not None and after > slo_agent:
+                out.append(Verdict(name, "fail", f"node agent too slow: it acted on Xid {xid} after {after:.1f} s "
+                                   f"(SLO {slo_agent:.1f} s): {signal}", "node agent too slow", evidence))
+            else:
+                out.append(Verdict(name, "pass", f"the node agent acted on Xid {xid} after {after:.1f} s: {signal}",
+                                   None, evidence))
+        elif silent is not None:
+            evidence["seen"] = silent.data.get("seen")
+            out.append(Verdict(name, "fail", f"node agent never acted: automatic node recovery did not act on Xid "
+                               f"{xid} within {silent.data.get('waited_s', 0):.0f} s: {silent.data.get('seen')}",
+                               "node agent never acted", evidence))
+        else:
+            out.append(Verdict(name, "unverifiable", "unverifiable: no node agent evidence: nothing watched the node's "
+                               "conditions, labels and taints (it needs the Kubernetes API)",
+                               "unverifiable: no node agent evidence", evidence))
+        name = f"node-recovered (fault {i})"
+        if back is not None:
+            took = back.t - (acted.t if acted is not None else fault.t)
+            evidence.update(node_back_after_s=round(took, 3), **{k: back.data.get(k) for k in
+                                                                  ("action", "node_after", "boot_id_after")})
+            how = (f"rebooted (boot id {back.data.get('boot_id_before')} -> {back.data.get('boot_id_after')})"
+                   if back.data.get("action") == "reboot" else f"replaced by node {back.data.get('node_after')}")
+            if slo_back is not None and took > slo_back:
+                out.append(Verdict(name, "fail", f"node recovery too slow: node {back.data.get('node')} {how} "
+                                   f"{took:.1f} s after the agent acted (SLO {slo_back:.1f} s)", "node recovery too slow",
+                                   evidence))
+            else:
+                out.append(Verdict(name, "pass", f"node {back.data.get('node')} {how} {took:.1f} s after the agent "
+                                   "acted", None, evidence))
+        elif stuck is not None or silent is not None:
+            why = (f"waited {stuck.data.get('waited_s', 0):.0f} s: {stuck.data.get('seen')}" if stuck is not None
+                   else "the node agent never acted, so nothing recovered it")
+            out.append(Verdict(name, "fail", f"node not recovered: {why}", "node not recovered", evidence))
+        else:
+            out.append(Verdict(name, "unverifiable", "unverifiable: no node agent evidence: the node's recovery "
+                               "was not watched", "unverifiable: no node agent evidence", evidence))
+    return out
+
+
 # -- all of it -------------------------------------------------------------------------
 def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
     """Per preemption: when Ray was told, the deadline, when the node went, and whether a
@@ -1159,10 +1257,11 @@ def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True)
     final = [final_state_matches(timeline, expect.final_state)] if expect.final_state is not None else []
     det = expect.deterministic
     if not finished:
-        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), *final]
+        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), *node_recovery_chain(timeline),
+                *final]
     return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), within_budget(timeline, expect),
-            *recovery_time(timeline, expect), *preemption_window(timeline, expect), run_finished(timeline, expect),
-            *final]
+            *recovery_time(timeline, expect), *preemption_window(timeline, expect), *node_recovery_chain(timeline),
+            run_finished(timeline, expect), *final]
 
 
 def check(verdicts: list[Verdict], unverifiable: str = "fail") -> None:

@@ -60,7 +60,10 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # SageMaker HyperPod node recovery: every pod on the node is force-deleted.
     FaultKind("hyperpod-reboot", "worker_group", impl="chaos.faults.kube.HyperPodReboot"),
     FaultKind("node-replace", "worker_group", impl="chaos.faults.kube.HyperPodReplace"),
-    FaultKind("xid", None),
+    # A GPU failure the node's health agent must see (Xid in the kernel log + every driver call
+    # failing until the node reboots): detection is the agent's, recovery a node reboot or
+    # replacement, the charge whatever Ray makes of both (timing-dependent: README).
+    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, impl="chaos.faults.xid.Xid"),
 )}
 
 

@@ -249,6 +249,48 @@ def _cordoned(node: dict) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable"))
 
 
+def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, str], what: str,
+                      timeout_s: float = 120.0) -> str:
+    """Run ``script`` as root on ``node`` in a one-shot privileged pod (hostPID, the node's
+    ``/dev/kmsg`` mounted at the same path), as ``kubectl debug node/…`` does; return its
+    output.  Refused by the API server (RBAC, Pod Security admission) or by the script: an
+    InjectionError naming the node and the reason.  The pod is deleted on every path."""
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "chaos-node-shell-", "namespace": kube.namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "ray-chaos-harness", MARK: "xid"}},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "hostPID": True,
+                     "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "shell", "image": image, "command": ["/bin/sh", "-c", script],
+                                     "env": [{"name": k, "value": v} for k, v in env.items()],
+                                     "securityContext": {"privileged": True},
+                                     "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg"}]}],
+                     "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}]}}
+    try:
+        pod = kube.core.create_namespaced_pod(kube.namespace, body)
+    except ApiException as err:
+        raise InjectionError(f"writing {what} on node {node}: a privileged pod was refused in namespace "
+                             f"{kube.namespace} ({err.status}: {server_message(err)}); the harness needs to create "
+                             "privileged pods there (KubeRay's Ray pods cannot write the kernel log)") from err
+    name = pod.metadata.name
+    try:
+        def done():
+            p = kube.core.read_namespaced_pod(name, kube.namespace)
+            phase = p.status.phase if p.status else None
+            return (phase if phase in ("Succeeded", "Failed") else None), f"pod {name} {phase}"
+
+        phase = poll_until(done, timeout_s, f"the node-shell pod {name} on {node} to finish", interval=0.2)
+        out = kube.core.read_namespaced_pod_log(name, kube.namespace).strip()
+        if phase != "Succeeded":
+            raise InjectionError(f"writing {what} on node {node} (pod {name}): {out or phase}")
+        return out
+    finally:
+        try:
+            kube.core.delete_namespaced_pod(name, kube.namespace, grace_period_seconds=0)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
 # -- pod faults ----------------------------------------------------------------------
 class _PodFault:
     """What the pod faults share: the target, the pod, and the pods of its group before/after."""

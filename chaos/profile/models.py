@@ -356,6 +356,26 @@ class HyperPodSettings(_Model):
         return v.strip().rstrip("/")
 
 
+class NodeAgentSettings(_Model):
+    """What the cluster's node health agent sets on a node it found faulty (the ``xid`` fault
+    watches for it): condition types (status True), a label and its values, taint keys.
+    Defaults: SageMaker HyperPod's health-monitoring agent; NVSentinel: its condition types
+    and taint keys, ``label: null``."""
+
+    conditions: list[str] = Field(default_factory=lambda: ["NvidiaErrorReboot", "NvidiaErrorReplace"])
+    label: str | None = "sagemaker.amazonaws.com/node-health-status"
+    label_values: list[str] = Field(default_factory=lambda: ["UnschedulablePendingReboot",
+                                                             "UnschedulablePendingReplacement"])
+    taints: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _something(self) -> "NodeAgentSettings":
+        if not (self.conditions or (self.label and self.label_values) or self.taints):
+            raise ValueError("node_agent names nothing to watch: give conditions, a label with label_values, "
+                             "or taints")
+        return self
+
+
 class KubernetesSettings(_Model):
     """Which RayCluster, and how the harness reaches its API server: a kubeconfig (and one of
     its contexts), or the pod's own service account when the harness runs in the cluster."""
@@ -367,6 +387,9 @@ class KubernetesSettings(_Model):
     in_cluster: bool = False  # the service account of the pod the harness runs in
     request_timeout_s: Seconds = 30.0  # every API request, and reaching the server at the start
     hyperpod: HyperPodSettings | None = None
+    node_agent: NodeAgentSettings = Field(default_factory=NodeAgentSettings)
+    #: the image of the one-shot privileged pod that writes a node's kernel log (xid)
+    node_shell_image: str = "busybox:1.36"
 
     @field_validator("namespace")
     @classmethod
@@ -509,6 +532,8 @@ class SafetySettings(_Model):
     allow_head: bool = False
     allowlist: list[Selector] = Field(default_factory=list)
     allow_all_workers: bool = False
+    #: faults whose remediation replaces a node (its volumes destroyed), e.g. Xid 79
+    allow_node_replacement: bool = False
     max_live_faults: int = Field(1, ge=1)
     min_alive_nodes: int = Field(1, ge=0)
     unhealthy_for_s: float = Field(60.0, ge=0)

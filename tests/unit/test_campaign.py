@@ -84,7 +84,7 @@ def test_too_many_faults_for_the_run_are_refused_with_the_numbers():
 @pytest.mark.parametrize("kind, message", [
     ("meteor", r"unknown fault kind 'meteor'; known kinds: raylet-kill, worker-kill"),
     ("cuda", r"fault kind 'cuda' is not drawn into campaigns: each CUDA fault arms"),
-    ("xid", r"fault kind 'xid' has no implementation to inject it yet; a campaign draws from: raylet-kill"),
+    ("xid", r"fault kind 'xid' is not drawn into campaigns: as cuda: its dead-GPU plan"),
 ])
 def test_kinds_a_campaign_cannot_draw_are_refused_by_name(kind, message):
     with pytest.raises(ScheduleError, match=message):

@@ -86,6 +86,42 @@ class Script:
         self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": f"f{self.faults}", "by": "node_dead"}))
         return self
 
+    def xid(self, xid=79, node="hyperpod-a", agent_after=None, back_after=None, agent_slo_s=60.0, recover_slo_s=600.0,
+            action="replace"):
+        """An xid fault: the kernel-log line, then the node agent's action ``agent_after`` s later
+        (None: the agent stayed silent past its SLO) and the node back ``back_after`` s after that
+        (None: not seen; events come as the chain watch emits them, with the harness's time)."""
+        self.faults += 1
+        lid = f"f{self.faults}"
+        self.events.append(self._e("fault", "fault_injected", fault="xid", ledger_id=lid,
+                                   target={"node_id": "n1", "node_ip": "127.0.1.3"}))
+        t0 = self.t
+        self.events.append(Event(t0, "fault", "xid_logged", {"ledger_id": lid, "xid": xid, "node": node,
+                                                             "line": f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=2",
+                                                             "agent_slo_s": agent_slo_s,
+                                                             "recover_slo_s": recover_slo_s}))
+        if agent_after is None:
+            self.events.append(Event(t0 + agent_slo_s, "fault", "node_agent_silent",
+                                     {"ledger_id": lid, "node": node, "xid": xid, "waited_s": agent_slo_s,
+                                      "seen": f"node {node} still Schedulable"}))
+        else:
+            self.events.append(Event(t0 + agent_after, "fault", "node_agent_acted",
+                                     {"ledger_id": lid, "node": node, "xid": xid,
+                                      "condition": {"type": "NvidiaErrorReplace", "reason": "XidHardwareFailure"},
+                                      "label": "sagemaker.amazonaws.com/node-health-status="
+                                               "UnschedulablePendingReplacement"}))
+            if back_after is not None:
+                self.events.append(Event(t0 + agent_after + back_after, "fault", "node_recovered",
+                                         {"ledger_id": lid, "node": node, "action": action, "node_after": "hyperpod-b",
+                                          "boot_id_before": "b1", "boot_id_after": "b2"}))
+        self.events.sort(key=lambda e: e.t)
+        return self
+
+    def at(self, t):
+        """Move the script's clock to ``t`` (events after the chain's)."""
+        self.t = max(self.t, t)
+        return self
+
     def decision(self, decision="RETRY", budget_class="worker_group", limit=3, error="rank 1 died",
                  error_types=("WorkerGroupError", "ActorDiedError")):
         self.failures[budget_class] = self.failures.get(budget_class, 0) + 1
@@ -101,4 +137,4 @@ class Script:
         return self
 
     def timeline(self):
-        return Timeline(self.events)
+        return Timeline(sorted(self.events, key=lambda e: e.t))  # an xid chain's events land ahead of the clock
