@@ -22,8 +22,8 @@ from typing import Any
 
 from chaos.errors import VerificationError
 from chaos.faults.catalog import limit_name
-from chaos.timeline import (Event, Timeline, fault_groups, faulted_runs, latest_run, recovery_metrics, runs,
-                            steps_of)
+from chaos.timeline import (Event, Timeline, fault_groups, faulted_runs, first_recovery, latest_run, recovery_metrics,
+                            run_at, runs, steps_of)
 from chaos.train.recording import AUTO_STEP_METRICS as AUTO_STEP_NAMES
 
 # A re-done step's state value (e.g. loss) must match the earlier attempt's this closely.
@@ -678,7 +678,8 @@ class Attribution:
     consequential: list[Event]  # restarts that waited for capacity a fault took away
     unrelated: list[Event]
     # ledger ids of faults that keep failing attempts until their node is recovered (``xid``):
-    # every decision they claimed is charged to them, and what it costs is the platform's
+    # every decision until the run recovered from them is charged to them, and what that costs
+    # is the platform's
     lasting: set[str] = dataclasses.field(default_factory=set)
 
     def charges(self, key: str) -> list[Event]:
@@ -686,13 +687,14 @@ class Attribution:
 
 
 # Fault kinds whose fault lasts until its node is recovered (a dead GPU fails every attempt
-# placed on it): they claim every decision until the node is back.
+# placed on it): they claim every decision until an attempt begun after the node was back
+# reported (Ray may notice the node's loss only after the node is already back).
 LASTING_KINDS = ("xid",)
 
 
 def attribute(timeline: Timeline) -> Attribution:
     """Each fault claims the first decision after it — a correlated fault's members together,
-    as one fault; a lasting fault (``xid``) every decision until its node is recovered; a
+    as one fault; a lasting fault (``xid``) every decision until the run recovered from it; a
     later capacity error (the worker group could not start while the fault's node was
     missing) is its consequence; every other decision is unrelated to the injected faults."""
     faults = timeline.of("fault_injected")
@@ -704,9 +706,10 @@ def attribute(timeline: Timeline) -> Attribution:
     claimed: set[int] = set()
     for i, (key, group) in enumerate(zip(keys, groups)):
         nxt = groups[i + 1][0].t if i + 1 < len(groups) else float("inf")
-        if key in lasting:
+        if key in lasting:  # until the run recovered from it: an attempt begun after the node was back reported
             back = timeline.first("node_recovered", where=lambda e: e.data.get("ledger_id") == key)
-            nxt = min(nxt, back.t) if back is not None else nxt
+            hit = first_recovery(timeline.events, run_at(timeline, group[0].t), back.t) if back is not None else None
+            nxt = min(nxt, hit[1].t) if hit is not None else nxt
         for j, d in enumerate(decisions):
             if j not in claimed and d.t >= group[0].t - timeline.clock_uncertainty and d.t < nxt:
                 by_fault[key].append(d)

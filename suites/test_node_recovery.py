@@ -25,9 +25,11 @@ from chaos.triggers import AfterCheckpoint
 
 pytestmark = [pytest.mark.chaos, pytest.mark.kubernetes]
 
-# What Ray 2.60 charged for an xid in runs of these suites (README, "Which budget a fault
-# costs"): the rank's CUDA error, and whatever the restart met while the node was down.
-MEASURED_CHARGES = [{"worker_group": 1}, {"worker_group": 2}]
+# What Ray 2.60 charged for an xid in the runs of these suites measured so far (README, "Which
+# budget a fault costs"): one failure, whether Train saw the rank's CUDA error or the node's loss
+# first.  A restart placed on the dead GPU before the agent acted would charge more: not seen
+# with the embedded agent, which acts within a poll (0.2 s).
+MEASURED_CHARGES = [{"worker_group": 1}]
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +59,7 @@ def assert_chain(outcome, action):
     kinds = [e.kind for e in outcome.timeline.events]
     chain = ["fault_injected", "xid_logged", "node_agent_acted", "node_recovered"]
     assert [k for k in kinds if k in chain] == chain, kinds
-    assert outcome.timeline.of("worker_error"), "Train never saw the rank's CUDA error"
+    assert outcome.timeline.of("worker_error"), "Train never saw rank 1 fail"
     back = outcome.timeline.of("node_recovered")[0]
     assert back.data["action"] == action, back.data
     agent = outcome.verdict("node-agent")
@@ -72,7 +74,9 @@ def test_xid_48_double_bit_ecc_reboots_the_node(chaos, cuda_driver_dir):
     outcome.assert_verdicts()
     assert_chain(outcome, "reboot")
     assert inj.evidence["recovered"]["boot_id_after"] != inj.evidence["boot_id_before"], inj.evidence
-    assert "ECC" in json.dumps([e.data for e in outcome.timeline.of("worker_error")]), "not the Xid's CUDA error"
+    # The dead GPU: every driver call on that boot of the node fails with ECC 214.  Whether Train
+    # sees that error or the node's loss first is a race with the agent (README).
+    assert "error=214" in inj.evidence["plan"] and f"boot_id={inj.evidence['boot_id_before']}" in inj.evidence["plan"]
 
 
 def test_xid_79_gpu_off_the_bus_replaces_the_node(chaos, cuda_driver_dir):

@@ -6,8 +6,9 @@ head's raylet on its own machine) and one test host per worker, named ``hyperpod
 id>`` and labelled as HyperPod EKS labels its nodes.  On them: the emulated API server
 (``chaos.embedded.kube``) with the kubelet running pods as real process trees, the
 KubeRay-like reconciler creating the Ray pods from a RayCluster, the HyperPod-like agent
-rebooting or replacing test hosts on the node-health label, and the SageMaker endpoint for
-boto3.  The harness reaches it all through a profile (``profile()``) served by the
+rebooting or replacing test hosts on the node-health label (which its health monitoring sets
+on an Xid line in a host's kernel log, ``/dev/kmsg`` inside the host), and the SageMaker
+endpoint for boto3.  The harness reaches it all through a profile (``profile()``) served by the
 ``kubernetes`` backend, exactly as it would reach a real KubeRay cluster on HyperPod EKS.
 
 Every Ray container gets its own Ray temp dir (``RAY_TMPDIR``, from the pod's uid): on a
@@ -76,6 +77,9 @@ class KubeClusterConfig:
     start_timeout_s: float = 180.0
     object_store_mb: int = 150
     slot: int | None = None  # as EmbeddedConfig.slot
+    #: The HyperPod agent acts on Xid lines in the workers' kernel logs (agent.set_health_monitoring
+    #: switches it at run time).
+    health_monitoring: bool = True
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
 
     def __post_init__(self):
@@ -163,7 +167,8 @@ class EmbeddedKubernetes:
         self.reconciler = KubeRayReconciler(self.api, namespace=self.config.namespace,
                                             head_address=self.head_ip).start()
         self.agent = HyperPodAgent(self.api, TestHostHosts(self.network, self.kubelet), instance_group=WORKER_GROUP,
-                                   instance_type=INSTANCE_TYPE).start()
+                                   instance_type=INSTANCE_TYPE,
+                                   health_monitoring=self.config.health_monitoring).start()
         self.sagemaker = SageMakerEndpoint(self.agent, cluster_name=self.config.hyperpod_cluster,
                                            port=free_port(self._ports()))
         self.sagemaker.start()
@@ -267,5 +272,6 @@ class EmbeddedKubernetes:
                            "hyperpod": {"cluster_name": self.config.hyperpod_cluster, "region": self.config.region,
                                         "endpoint_url": self.sagemaker.url}},
             "safety": {"allow_head": False, "allowlist": [{"label": f"{INSTANCE_GROUP_LABEL}={WORKER_GROUP}"}],
+                       "allow_node_replacement": True,
                        "max_live_faults": self.config.workers, "min_alive_nodes": 1, "unhealthy_for_s": 600.0},
         }

@@ -1,9 +1,10 @@
 """PID 1 of a test host: ``python -m chaos.embedded.testhost_init BOOT_JSON``.
 
 Runs inside the host's fresh namespaces (chaos.embedded.testhost starts it and supervises
-it from outside): makes the mount and UTS namespaces look like the host's own machine,
-starts sshd and the workload, reaps, and turns the host's power commands into reboot(2),
-which in a child PID namespace kills every process in it at once, as a power loss does.
+it from outside): makes the mount and UTS namespaces look like the host's own machine (its
+own /run, boot id, power commands and kernel log), starts sshd and the workload, reaps, and
+turns the host's power commands into reboot(2), which in a child PID namespace kills every
+process in it at once, as a power loss does.
 It reports to the supervisor over the unix datagram socket named in its config (INIT,
 WORKLOAD; sshd itself sends READY) and imports nothing but the standard library.
 """
@@ -78,6 +79,11 @@ def _prepare_namespace(cfg: dict) -> None:
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     os.mkdir("/run/sshd", 0o755)
     _mount(cfg["boot_id_file"], "/proc/sys/kernel/random/boot_id", flags=_MS_BIND)
+    # This boot's own kernel log: a write to /dev/kmsg inside the host (how Xid injectors reach a
+    # health agent) lands in an empty file of this boot, never in the machine's kernel log (the
+    # character device 1:11 is only covered, in this private mount namespace).
+    os.close(os.open("/run/kmsg", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    _mount("/run/kmsg", "/dev/kmsg", flags=_MS_BIND)
     # Root's home shows the real one (the venv's interpreter may live there) but writes
     # land in this boot's /run: a session cut off by a power loss must not leave the real
     # home half-written (e.g. a stale lock file of a shell's rc script hanging every shell).

@@ -273,13 +273,30 @@ def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, s
                              "privileged pods there (KubeRay's Ray pods cannot write the kernel log)") from err
     name = pod.metadata.name
     try:
-        def done():
-            p = kube.core.read_namespaced_pod(name, kube.namespace)
-            phase = p.status.phase if p.status else None
-            return (phase if phase in ("Succeeded", "Failed") else None), f"pod {name} {phase}"
-
-        phase = poll_until(done, timeout_s, f"the node-shell pod {name} on {node} to finish", interval=0.2)
-        out = kube.core.read_namespaced_pod_log(name, kube.namespace).strip()
+        # A watch, not reads: a node agent may act on what the pod wrote at once and delete every
+        # pod on the node (HyperPod's reboot does) before a read could see it finish.
+        phase, seen = None, "nothing yet"
+        stream = watch.Watch()
+        try:
+            for event in stream.stream(kube.core.list_namespaced_pod, kube.namespace,
+                                       field_selector=f"metadata.name={name}",
+                                       resource_version=pod.metadata.resource_version, timeout_seconds=int(timeout_s)):
+                obj = event["raw_object"]
+                seen = f"pod {name} {event['type']} {(obj.get('status') or {}).get('phase')}"
+                phase = (obj.get("status") or {}).get("phase")
+                if phase in ("Succeeded", "Failed") or event["type"] == "DELETED":
+                    break
+        finally:
+            stream.stop()
+        if phase not in ("Succeeded", "Failed"):
+            raise InjectionError(f"writing {what} on node {node}: the node-shell pod {name} did not finish within "
+                                 f"{timeout_s:.0f} s; saw: {seen}")
+        try:
+            out = kube.core.read_namespaced_pod_log(name, kube.namespace).strip()
+        except ApiException as err:
+            if err.status != 404 or phase != "Succeeded":
+                raise
+            out = "written (its pod was deleted before its output could be read: the node went down)"
         if phase != "Succeeded":
             raise InjectionError(f"writing {what} on node {node} (pod {name}): {out or phase}")
         return out

@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import shlex
 import threading
 import time
 import uuid
 
-from chaos.errors import InjectionError, WaitTimeout
+from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
 from chaos.shim.plan import Plan
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +249,20 @@ class Xid(Fault):
         watch = self._watches.pop(inj.ledger_id, None)
         if watch is not None:
             watch.stop()
-        transport.run(control_command(self.control_path, None, python=ctx.backend.python), timeout=30).check()
-        log = transport.run(f"cat {shlex.quote(self.log_path)} 2>/dev/null; rm -f {shlex.quote(self.log_path)} "
-                            f"{shlex.quote(self.control_path)}", timeout=30)
+        files = f"{shlex.quote(self.log_path)} {shlex.quote(self.control_path)}"
+        try:
+            transport.run(control_command(self.control_path, None, python=ctx.backend.python), timeout=30).check()
+        except TransportError:
+            if not inj.evidence.get("recovered", {}).get("ok"):
+                raise
+            # The node was rebooted or replaced: its pod, its processes and their plan are gone
+            # (and the plan, bound to the old boot id, fires nowhere).  Where a live worker still
+            # sees the files (a /dev/shm shared with the node's, as test hosts share it), drop them.
+            for node in ctx.cluster.alive_workers():
+                ctx.backend.host(node.node_id).transport.run(f"rm -f {files}", timeout=30)
+            inj.evidence["reverted"] = "nothing armed: the node's pod went with its reboot or replacement"
+            return False
+        log = transport.run(f"cat {shlex.quote(self.log_path)} 2>/dev/null; rm -f {files}", timeout=30)
         fired = 0
         for line in log.stdout.splitlines():
             try:
@@ -267,6 +281,16 @@ class Xid(Fault):
         host = backend.reach(plan["host"])
         host.transport.run(control_command(plan["control"], None, python=backend.python), timeout=60).check()
         host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
+        settings = getattr(getattr(backend, "profile", None), "kubernetes", None)
+        if settings is not None:
+            from chaos.faults.kube import _list_nodes, kube_of
+
+            signals = AgentSignals.from_settings(settings.node_agent)
+            for node in _list_nodes(kube_of(backend, cls.kind))["items"]:
+                found = signals.on(node)
+                if found:
+                    log.warning("sweep: node %s carries %s from the node agent; left as it is (clearing it could "
+                                "cancel a real remediation)", node["metadata"]["name"], found)
         return True
 
 

@@ -13,19 +13,19 @@ cost) and re-reads the text only when it changed.  Writers are serialised with f
 update the file in place -- never replace or truncate it, the mappings would go stale.
 
 This module only needs the standard library at run time, so `control_command` can ship
-its own source to a host that lacks the harness.
+`write_control`'s source to a host that lacks the harness.
 """
 
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import mmap
 import os
 import shlex
 import struct
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,11 +94,18 @@ def process_env(library: str | os.PathLike, control_path: str | os.PathLike, log
 def control_command(control_path: str, plan: Plan | None, python: str = "python3") -> str:
     """A shell command that arms (or, with plan=None, disarms) the file on another host.
 
-    It carries this module's source, so the host needs only a Python 3 interpreter.
+    It carries ``write_control``'s own source (and what it needs, not this whole module: a
+    Kubernetes exec sends its command in the URL, which API servers cap at a few KiB), so the
+    host needs only a Python 3 interpreter.
     """
-    source = Path(__file__).read_text()
     text = plan.render() if plan is not None else ""
-    return shlex.join([python, "-c", source, control_path, text])
+    return shlex.join([python, "-c", _REMOTE_SOURCE, control_path, text])
+
+
+def _remote_source() -> str:
+    constants = "".join(f"{name} = {globals()[name]!r}\n" for name in ("MAGIC", "SIZE", "TEXT_OFFSET", "CAPACITY"))
+    return ("import fcntl, mmap, os, struct, sys\n" + constants + inspect.getsource(_fnv1a)
+            + inspect.getsource(write_control) + "print(write_control(sys.argv[1], sys.argv[2]))\n")
 
 
 def read_log(log_path: str | os.PathLike) -> list[dict]:
@@ -120,5 +127,7 @@ def read_log(log_path: str | os.PathLike) -> list[dict]:
     return events
 
 
-if __name__ == "__main__":  # control_command's entry: CONTROL_PATH PLAN_TEXT
+_REMOTE_SOURCE = _remote_source()
+
+if __name__ == "__main__":  # CONTROL_PATH PLAN_TEXT
     print(write_control(sys.argv[1], sys.argv[2]))

@@ -55,6 +55,9 @@ class FakeHosts(Hosts):
         self.calls.append((what, node))
         return pods
 
+    def kernel_log(self, node_name: str) -> None:
+        return None  # no kernel logs here: health monitoring has nothing to read
+
     def power_off(self, node_name: str) -> None:
         procs = [self.kubelet.procs[p["metadata"]["uid"]] for p in self._seen("power_off", node_name)]
         for proc in procs:

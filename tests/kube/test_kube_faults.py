@@ -327,6 +327,9 @@ class FakeHosts(Hosts):
         self.calls: list[tuple[str, str]] = []
         self.pods_at_power_off: list[str] = []
 
+    def kernel_log(self, node_name: str) -> None:
+        return None  # no kernel logs here: health monitoring has nothing to read
+
     def power_off(self, node_name: str) -> None:
         self.calls.append(("power_off", node_name))
         self.pods_at_power_off = [p["metadata"]["name"] for p in self.server.store.list(PODS.plural)[0]

@@ -342,3 +342,40 @@ def test_hyperpod_replace_gives_a_new_node_on_a_new_host(server, kubelet, networ
     main, _ = running_pod(server, kubelet, "w", new_name, "sleep 1000")
     assert ns_of(main, "pid") == ns_of(new_host.pids()["init"], "pid")
     assert pod(server, "w")["status"]["podIP"] == new_host.address
+
+
+def nvrm_in_dmesg() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30).stdout
+    return [line for line in out.splitlines() if "NVRM" in line]
+
+
+def test_a_privileged_node_pod_writes_the_hosts_kernel_log_and_never_this_machines(server, network):
+    """The xid fault's way to a node's kernel log on Kubernetes: a one-shot privileged pod.
+    On a test host it lands in the host's stand-in /dev/kmsg; on the head (this machine's root
+    namespace) the real kernel log is refused by name; the pods are gone after either."""
+    from chaos.backends.kube_access import KubeAccess
+    from chaos.errors import InjectionError
+    from chaos.faults.kube import write_by_node_pod
+    from chaos.faults.xid import KMSG_SCRIPT, harness_btime, xid_line
+
+    kube = KubeAccess(api_client_for(server.url), "default", "rc")
+    before = nvrm_in_dmesg()
+    line = xid_line(79, 7, pci="0000:ee:00")
+    env = {"LINE": line, "HARNESS_BTIME": harness_btime()}
+    out = write_by_node_pod(kube, "kl-a", "busybox", KMSG_SCRIPT, env, what="the Xid line")
+    assert "written to /dev/kmsg (stand-in file)" in out, out
+    stand_in = Path(f"/proc/{network.hosts['kl-a'].pids()['init']}/root/dev/kmsg")
+    assert stand_in.read_text().endswith(f"<3>{line}\n")
+    with pytest.raises(InjectionError, match=r"writing the Xid line on node kl-head \(pod chaos-node-shell-\w+\): "
+                                             r"refused: /dev/kmsg here is the kernel log of the machine the harness "
+                                             r"runs on \(character device, same boot time \d+\)$"):
+        write_by_node_pod(kube, HEAD, "busybox", KMSG_SCRIPT, env, what="the Xid line")
+    assert nvrm_in_dmesg() == before, "this machine's kernel log gained an NVRM line"
+
+    def shells():
+        return [p["metadata"]["name"] for p in server.store.list(PODS.plural, "default")[0]
+                if p["metadata"]["name"].startswith("chaos-node-shell-")]
+
+    wait_for(server, lambda: not shells(), "the node-shell pods to be deleted", seen=shells)

@@ -24,15 +24,28 @@ def chain(tl):
 
 def xid_run(agent_after=2.0, back_after=30.0, decisions=1, after_back=0, agent_slo_s=60.0):
     """Train sees rank 1's CUDA error ``decisions`` times before the node is back (a restart on
-    the dead node fails again), ``after_back`` more failures after it."""
+    the dead GPU fails again), recovers on an attempt begun after it, then fails ``after_back``
+    more times for other reasons."""
     s = Script().start_attempt().steps(1, 11).xid(agent_after=agent_after, back_after=back_after,
                                                   agent_slo_s=agent_slo_s)
-    for _ in range(decisions):  # the run goes on while the agent acts: these come before the chain's end
-        s.decision(error=CUDA_ERROR).start_attempt()
-    s.at(max(e.t for e in s.events) + 1)
+    for i in range(decisions):  # the run goes on while the agent acts: these come before the chain's end
+        s.decision(error=CUDA_ERROR)
+        if i < decisions - 1:
+            s.start_attempt()
+    s.at(max(e.t for e in s.events) + 1).start_attempt().steps(11, 15)
     for _ in range(after_back):
-        s.decision(error="rank 0 died").start_attempt()
-    return s.steps(11, 20)
+        s.decision(error="rank 0 died").start_attempt().steps(16, 20)
+    return s
+
+
+def test_a_failure_ray_notices_after_the_node_is_back_is_still_the_xids():
+    """The emulated host reboots in well under a second: Ray's health check can call the node
+    dead after the node is already back.  The fault's window ends when the run recovered."""
+    s = Script().start_attempt().steps(1, 11).xid(agent_after=0.2, back_after=0.2)
+    s.at(max(e.t for e in s.events) + 1).decision(error="the actor's node was terminated unexpectedly")
+    s.start_attempt().steps(11, 15).finish()
+    v = within_budget(s.timeline(), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    assert v.status == "pass", v.line()
 
 
 # -- the chain's verdicts -----------------------------------------------------------------

@@ -29,6 +29,19 @@ Train could charge the loss to ``max_preemption_failures`` instead of ``max_fail
 reboot is an OS shutdown, which may SIGTERM the containers before the power goes, so that race
 may well be real on HyperPod.  Every step is recorded with its time (``history(node)``).
 Kubernetes Events are not emitted: the emulated API server does not store ``events``.
+
+Health monitoring, like HyperPod's health-monitoring agent (HMA; notes/hyperpod-k8s.md), is what
+sets that label without an operator: a ``HealthMonitor`` (health.py) follows every worker node's
+kernel log (``Hosts.kernel_log``) and, on an Xid line its table maps, the agent sets a node
+condition and then the labels; its own label watch then recovers the node.  Emulated from AWS's
+documentation: the HMA detection event as condition ``NvidiaErrorReboot``, reason
+``XidHardwareFailure``, the NVRM line as message; the node-health label values; fault-type and
+fault-reason labels (their keys as AWS's HyperPod debugging material spells them).  The
+emulator's choices: the Xid -> reboot/replace table (HMA's is not public; health.py cites what
+informs it), ``NvidiaErrorReplace``, the label values ``XidHardwareFailure`` / ``Xid<N>``, one
+detection per node until its recovery starts, and, after a reboot, the condition going False
+(``NoXidSinceReboot``) with the fault labels dropped.  Not emulated: DCGM, ``nvidia-smi``, EC2
+platform logs, GPU counts, HMA's taint and ``fault-details`` annotation, CloudWatch events.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ from typing import Any, Callable
 import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from chaos.embedded.kube.health import DEFAULT_XID_ACTIONS, REBOOT, REPLACE, HealthMonitor, Xid
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +78,21 @@ INSTANCE_ID_LABEL = "chaos.ray.io/instance-id"
 # Kubernetes' taint for a cordoned node (node lifecycle controller); HyperPod's own taint: not found.
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
-REBOOT, REPLACE = "reboot", "replace"
 ACTIONS = {PENDING_REBOOT: REBOOT, PENDING_REPLACEMENT: REPLACE}
+
+# Health monitoring (see the module docstring).  AWS's documented HMA detection event is node
+# condition NvidiaErrorReboot with reason XidHardwareFailure and the NVRM line as message (notes);
+# NvidiaErrorReplace and NoXidSinceReboot are this emulator's names.
+NVIDIA_ERROR_REBOOT = "NvidiaErrorReboot"
+NVIDIA_ERROR_REPLACE = "NvidiaErrorReplace"
+XID_CONDITIONS = {REBOOT: NVIDIA_ERROR_REBOOT, REPLACE: NVIDIA_ERROR_REPLACE}
+XID_HARDWARE_FAILURE = "XidHardwareFailure"  # the condition's reason, and our fault-types value
+NO_XID_SINCE_REBOOT = "NoXidSinceReboot"  # the reason once a reboot cleared the condition
+# AWS's label doc names fault-type / fault-reason labels without their keys; these keys are how
+# AWS's own HyperPod debugging material (awslabs/agent-plugins) spells them.  The values,
+# XID_HARDWARE_FAILURE and "Xid<N>", are this emulator's.
+FAULT_TYPES_LABEL = "sagemaker.amazonaws.com/fault-types"
+FAULT_REASONS_LABEL = "sagemaker.amazonaws.com/fault-reasons"
 
 
 @dataclass(frozen=True)
@@ -82,8 +110,14 @@ class Hosts(abc.ABC):
 
     A recovery calls ``power_off``, then (the node's pods deleted) ``reboot`` or ``replace``.
     Each call blocks until done (or raises); the agent makes them on its own recovery thread,
-    one per node.
+    one per node.  Health monitoring reads ``kernel_log`` every poll.
     """
+
+    @abc.abstractmethod
+    def kernel_log(self, node_name: str) -> str | None:
+        """The path, on this machine, of the node's kernel log in its current boot (a new file after
+        each reboot), as an agent DaemonSet sees the host's ``/dev/kmsg`` through a hostPath; None
+        while the host is down or when the node has no log of its own."""
 
     @abc.abstractmethod
     def power_off(self, node_name: str) -> None:
@@ -104,14 +138,17 @@ class Transition:
     """One step of one recovery, for reports: ``at`` is wall time (epoch s), ``mono`` monotonic."""
 
     node: str  # the node the recovery was for (a replacement keeps the old name here)
-    action: str  # reboot | replace
+    action: str  # reboot | replace (| none: an Xid that xid_actions does not map)
     step: str
     at: float
     mono: float
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-# The steps, in order.  A failed recovery ends with "failed" (detail: error) instead.
+# The steps, in order.  A failed recovery ends with "failed" (detail: error) instead.  A detection
+# by health monitoring comes first: "xid_seen" (every Xid line; detail "ignored" says why when
+# nothing follows), "condition_set", "labelled" (or "failed"); then the label starts the recovery.
+DETECT_STEPS = ("xid_seen", "condition_set", "labelled")
 REBOOT_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed", "host_rebooting", "host_back",
                 "schedulable")
 REPLACE_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed", "node_deleted", "host_replacing",
@@ -139,10 +176,20 @@ class HyperPodAgent:
     ``history(node)`` is what it did; ``wait_for(node, step, timeout)`` waits for a step;
     ``request(node, action)`` labels a node as an operator would (the SageMaker endpoint's
     path).  ``relists`` / ``watches`` count list and watch calls (for tests and reports).
+
+    Health monitoring follows every worker node's kernel log (``poll_s``) and acts on the Xid
+    lines ``xid_actions`` maps (default ``health.DEFAULT_XID_ACTIONS``), ``detect_delay_s`` after
+    seeing them; ``set_health_monitoring(False)`` stops the acting, not the following.
     """
 
     def __init__(self, api: client.ApiClient, hosts: Hosts, *, instance_group: str = "workers",
-                 instance_type: str = "ml.g5.8xlarge", watch_timeout_s: int = 300):
+                 instance_type: str = "ml.g5.8xlarge", watch_timeout_s: int = 300, health_monitoring: bool = True,
+                 xid_actions: dict[int, str] | None = None, poll_s: float = 0.2, detect_delay_s: float = 0.0):
+        self.xid_actions = dict(DEFAULT_XID_ACTIONS if xid_actions is None else xid_actions)
+        wrong = {xid: action for xid, action in self.xid_actions.items() if action not in (REBOOT, REPLACE)}
+        if wrong:
+            raise ValueError(f"xid_actions: each action must be {REBOOT!r} or {REPLACE!r}, got {wrong}")
+        self.detect_delay_s = detect_delay_s
         self.api = api
         self.core = client.CoreV1Api(api)
         self.hosts = hosts
@@ -158,6 +205,12 @@ class HyperPodAgent:
         # update's resourceVersion (reboot) or the node's DELETED event (replace).  A re-list clears it.
         self._settling: dict[str, str] = {}
         self._seen: dict[str, collections.deque[str]] = {}  # node -> versions (or DELETED) the watch delivered
+        self._monitoring = health_monitoring
+        self._workers: set[str] = set()  # nodes with a node-health label: those whose kernel log is followed
+        # Nodes whose Xid is being acted on, until the watch delivers the label that starts the recovery.
+        self._detecting: set[str] = set()
+        self._raised: dict[str, set[str]] = {}  # node -> Xid conditions set True since its last reboot
+        self.monitor = HealthMonitor(hosts, self._worker_nodes, self._xid, self._stop, poll_s)
         self._thread: threading.Thread | None = None
         self._response: urllib3.HTTPResponse | None = None
         self.relists = 0
@@ -168,6 +221,7 @@ class HyperPodAgent:
     def start(self) -> "HyperPodAgent":
         self._thread = threading.Thread(target=self._run, name="hyperpod-agent", daemon=True)
         self._thread.start()
+        self.monitor.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -180,6 +234,7 @@ class HyperPodAgent:
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
+        self.monitor.join(timeout)
         for thread in list(self._threads):
             thread.join(timeout)
 
@@ -235,6 +290,67 @@ class HyperPodAgent:
         """The current Node objects, as dicts (for the SageMaker endpoint)."""
         return _raw(self.core.list_node)["items"] or []
 
+    # ---- health monitoring -------------------------------------------------------------
+    @property
+    def health_monitoring(self) -> bool:
+        return self._monitoring
+
+    def set_health_monitoring(self, enabled: bool) -> None:
+        """Act on Xid lines (True) or only follow the logs (False), so that a suite can show what
+        happens when nobody acts; lines read while off stay ignored once it is back on."""
+        with self._lock:
+            self._monitoring = enabled
+
+    def _worker_nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._workers)
+
+    def _xid(self, name: str, xid: Xid) -> None:
+        """The monitor saw an Xid line in ``name``'s kernel log: recorded, and acted on (on a thread
+        of its own) if mapped, monitoring is on and the node is not being recovered already."""
+        action = self.xid_actions.get(xid.xid)
+        with self._lock:
+            if action is None:
+                ignored = "not in xid_actions"
+            elif not self._monitoring:
+                ignored = "health monitoring off"
+            elif name in self._active or name in self._detecting:
+                ignored = "node already being recovered"
+            else:
+                ignored = None
+                self._detecting.add(name)
+            self._record(name, action or "none", "xid_seen", xid=xid.xid, device=xid.device, message=xid.message,
+                         ignored=ignored)
+        if ignored is None:
+            self._spawn(self._detect, (name, action, xid), f"hyperpod-health:{name}")
+
+    def _detect(self, name: str, action: str, xid: Xid) -> None:
+        """What HMA does on a fault: a node condition, then the labels; the watch then sees the
+        node-health label and starts the recovery."""
+        if self.detect_delay_s and self._stop.wait(self.detect_delay_s):
+            with self._lock:  # stopped while "detecting"
+                self._detecting.discard(name)
+            return
+        try:
+            kind = XID_CONDITIONS[action]
+            self.core.patch_node_status(name, {"status": {"conditions": [{
+                "type": kind, "status": "True", "reason": XID_HARDWARE_FAILURE, "message": xid.message,
+                "lastTransitionTime": _now(), "lastHeartbeatTime": _now()}]}})
+            with self._lock:
+                self._raised.setdefault(name, set()).add(kind)
+                self._record(name, action, "condition_set", type=kind, reason=XID_HARDWARE_FAILURE)
+            labels = {HEALTH_LABEL: PENDING_REBOOT if action == REBOOT else PENDING_REPLACEMENT,
+                      FAULT_TYPES_LABEL: XID_HARDWARE_FAILURE, FAULT_REASONS_LABEL: f"Xid{xid.xid}"}
+            # Under the lock: the watch must not start the recovery before "labelled" is recorded.
+            with self._lock:
+                self.core.patch_node(name, {"metadata": {"labels": labels}})
+                self._record(name, action, "labelled", labels=labels)
+        except Exception as err:  # noqa: BLE001 - recorded; a later Xid line may try again
+            log.exception("acting on Xid %s of node %s failed", xid.xid, name)
+            with self._lock:
+                self._detecting.discard(name)
+                self._record(name, action, "failed", error=f"{type(err).__name__}: {err}")
+
     # ---- the watch -------------------------------------------------------------------
     def _run(self) -> None:
         rv: str | None = None
@@ -273,8 +389,11 @@ class HyperPodAgent:
         self.relists += 1
         with self._lock:
             self._settling.clear()  # a list is the current state: nothing in it is stale
-        for node in listed.get("items") or []:
+        items = listed.get("items") or []
+        for node in items:
             self._consider(node)
+        with self._lock:  # nodes deleted while no watch ran (the list just re-added the others)
+            self._workers &= {node["metadata"]["name"] for node in items}
         return listed["metadata"]["resourceVersion"]
 
     def _watch(self, rv: str) -> str:
@@ -312,8 +431,15 @@ class HyperPodAgent:
 
     def _consider(self, node: dict, kind: str = "ADDED") -> None:
         meta = node.get("metadata", {})
-        name = meta["name"]
+        name, labels = meta["name"], meta.get("labels") or {}
+        action = None if kind == "DELETED" else ACTIONS.get(labels.get(HEALTH_LABEL, ""))
         with self._lock:
+            if kind != "DELETED" and HEALTH_LABEL in labels:
+                self._workers.add(name)
+            else:
+                self._workers.discard(name)
+            if action is not None or kind == "DELETED":
+                self._detecting.discard(name)  # a detection's label arrived (or its node went)
             self._seen.setdefault(name, collections.deque(maxlen=256)).append(
                 "DELETED" if kind == "DELETED" else meta.get("resourceVersion", ""))
             until = self._settling.get(name)
@@ -321,17 +447,16 @@ class HyperPodAgent:
                 if until == ("DELETED" if kind == "DELETED" else meta.get("resourceVersion")):
                     del self._settling[name]
                 return  # an event from before the end of the last recovery
-        action = ACTIONS.get((meta.get("labels") or {}).get(HEALTH_LABEL, ""))
-        if action is None or kind == "DELETED" or self._stop.is_set():
-            return
-        with self._lock:
-            if name in self._active:
-                return  # already recovering: the agent's own updates arrive here too
+            if action is None or self._stop.is_set() or name in self._active:
+                return  # (already recovering: the agent's own updates arrive here too)
             self._active[name] = (action, instance_id_of(node))
             self._record(name, action, "requested", uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
-        thread = threading.Thread(target=self._recover, args=(name, action), name=f"hyperpod-{action}:{name}",
-                                  daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        self._spawn(self._recover, (name, action), f"hyperpod-{action}:{name}")
+
+    def _spawn(self, target: Callable[..., None], args: tuple, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
     # ---- recoveries ------------------------------------------------------------------
@@ -420,9 +545,13 @@ class HyperPodAgent:
         facts = self.hosts.reboot(name) or {}
         self._record(name, REBOOT, "host_back", **facts)
         self._set_ready(name, True, "KubeletReady", "kubelet is posting ready status")
+        cleared = self._clear_xid_conditions(name)
 
         def restore(node: dict) -> None:
-            node["metadata"].setdefault("labels", {})[HEALTH_LABEL] = SCHEDULABLE
+            labels = node["metadata"].setdefault("labels", {})
+            labels[HEALTH_LABEL] = SCHEDULABLE
+            labels.pop(FAULT_TYPES_LABEL, None)
+            labels.pop(FAULT_REASONS_LABEL, None)
             spec = node.setdefault("spec", {})
             spec.pop("unschedulable", None)
             spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
@@ -430,11 +559,28 @@ class HyperPodAgent:
                 spec.pop("taints")
 
         final = self._update_node(name, restore)
-        self._record(name, REBOOT, "schedulable", done=True, settle=final)
+        self._record(name, REBOOT, "schedulable", done=True, settle=final, conditions_cleared=cleared)
+
+    def _clear_xid_conditions(self, name: str) -> list[str]:
+        """After a reboot, the Xid conditions set before it (by this agent, or True on the node) go
+        False, as node-problem-detector-style agents reset theirs when the node comes back."""
+        with self._lock:
+            kinds = self._raised.pop(name, set())
+        conditions = _raw(self.core.read_node, name).get("status", {}).get("conditions") or []
+        kinds |= {c["type"] for c in conditions
+                  if c.get("type") in XID_CONDITIONS.values() and c.get("status") == "True"}
+        if kinds:
+            self.core.patch_node_status(name, {"status": {"conditions": [{
+                "type": kind, "status": "False", "reason": NO_XID_SINCE_REBOOT,
+                "message": "no Xid in the kernel log since the node rebooted",
+                "lastTransitionTime": _now(), "lastHeartbeatTime": _now()} for kind in sorted(kinds)]}})
+        return sorted(kinds)
 
     def _replace(self, name: str) -> None:
         old = _raw(self.core.read_node, name)
         self.core.delete_node(name)
+        with self._lock:
+            self._raised.pop(name, None)  # the new node has no conditions of the old one
         self._record(name, REPLACE, "node_deleted", uid=old["metadata"].get("uid"))
         self._record(name, REPLACE, "host_replacing")
         host = self.hosts.replace(name)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from chaos.embedded.kube.pods import Pods
     from chaos.embedded.testhost import HostEvent, TestHost
 
+KUBELET_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")  # the types a kubelet owns
 log = logging.getLogger(__name__)
 
 KUBELET_MIN_GRACE_S = 2  # kuberuntime's minimumGracePeriodInSeconds
@@ -366,7 +367,10 @@ class Kubelet(PodLifecycle):
                           condition("Ready", "True", "KubeletReady", "kubelet is posting ready status")]
         else:
             conditions = [condition(kind, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
-                          for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]
+                          for kind in KUBELET_CONDITIONS]
+        # Conditions other agents set (a node problem detector, HyperPod's health agent) are theirs:
+        # a kubelet updates its own types only.
+        conditions += [c for kind, c in old_conditions.items() if kind not in KUBELET_CONDITIONS]
         version = discovery.version()["gitVersion"]
         system_uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node.name}.{machine.hostname}"))
         return {
@@ -447,8 +451,7 @@ class Kubelet(PodLifecycle):
                  "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}}]})
             return
         c = _Container(meta["namespace"], meta["name"], meta["uid"], container["name"], container.get("image", ""),
-                       node, env, self.log_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" /
-                       f"{container['name']}.log", node.machine.boot_number)
+                       node, env, self._log_path(meta, container["name"]), node.machine.boot_number)
         c.log_path.parent.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -522,6 +525,18 @@ class Kubelet(PodLifecycle):
         with self._lock:
             self._containers.pop(c.uid, None)
         self._finished(c, code, terminating, killed)
+
+    def _log_path(self, meta: dict, container: str) -> Path:
+        return self.log_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / f"{container}.log"
+
+    def logs(self, pod: dict, container: str | None) -> bytes | None:
+        """The container's output (stdout and stderr together, as the runtime's log is), without
+        the kubelet's own ``==== <time> node … boot …: <argv>`` line before each start."""
+        containers = pod.get("spec", {}).get("containers") or [{}]
+        path = self._log_path(pod["metadata"], container or containers[0].get("name", ""))
+        if not path.exists():
+            return b""
+        return b"".join(line for line in path.read_bytes().splitlines(keepends=True) if not line.startswith(b"==== "))
 
     def _main_started(self, c: _Container, pid: int) -> None:
         """The container's command runs as ``pid``: Running and Ready; SIGTERM if a delete came first."""

@@ -60,6 +60,10 @@ class PodLifecycle(abc.ABC):
     async def exec(self, pod: dict, container: str, argv: Sequence[str], stdin: bool, tty: bool) -> ExecProcess:
         """Start ``argv`` in ``container``; raise ``ApiError`` to refuse (the client sees the Status)."""
 
+    def logs(self, pod: dict, container: str | None) -> bytes | None:
+        """What ``container`` (default: the first) of ``pod`` wrote; None: this runtime keeps no logs."""
+        return None
+
 
 class NullRuntime(PodLifecycle):
     """No processes at all: a bound pod is Running and Ready at once and stops at once; exec is refused.

@@ -142,7 +142,11 @@ class Rest:
             raise method_not_allowed(verb or method, full)
         self._authorize(verb, target)
         if target.sub == "log":
-            raise bad_request("container logs are not emulated by this API server")
+            pod = self.store.require(PODS.plural, target.namespace, target.name)
+            text = self.lifecycle.logs(pod, query.get("container"))
+            if text is None:
+                raise bad_request("container logs are not emulated by this API server's runtime")
+            return web.Response(body=text, content_type="text/plain")
         if verb in ("list", "watch"):
             return await self._collection(request, target, verb)
         if target.name is None:

@@ -7,6 +7,11 @@ The evidence of a reboot is a new boot id (``/proc/sys/kernel/random/boot_id`` i
 is a new machine: a new test host with a new address, instance id and node name
 (``hyperpod-<instance id>``, as real HyperPod EKS nodes are named); the HyperPod agent creates
 its Node object and the kubelet fills in its status.
+
+A node's kernel log is its host's ``/dev/kmsg``: in each boot a fresh regular file the host's
+init bind-mounts there (chaos.embedded.testhost_init), read from this machine through the init's
+``/proc/<pid>/root`` (the host's own mount namespace), as an agent DaemonSet reads it through a
+hostPath.  This machine's ``/dev/kmsg`` is never the answer.
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ class TestHostHosts(Hosts):
             raise ClusterError(f"node {node_name} runs on {machine.hostname}, not on a test host: it cannot be "
                                f"powered off, rebooted or replaced")
         return machine.host
+
+    def kernel_log(self, node_name: str) -> str | None:
+        """``/proc/<init>/root/dev/kmsg`` of the node's host while it is up: only once up has its init
+        mounted the stand-in over /dev/kmsg.  None while down, or for a node not on a test host."""
+        try:
+            machine = self.kubelet.machine(node_name)
+        except KeyError:
+            return None  # e.g. a replaced node the watch still lists
+        if not isinstance(machine, HostMachine) or not machine.host.is_up:
+            return None
+        init = machine.host.pids().get("init")
+        return f"/proc/{init}/root/dev/kmsg" if init else None
 
     def power_off(self, node_name: str) -> None:
         """Cut the host's power and keep it off.  Returns once its boot has ended, which is once every
