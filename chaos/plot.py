@@ -30,8 +30,9 @@ MARKER_STYLE = {
     "run_finished": {"color": "0.2", "linestyle": "-.", "linewidth": 1.0},
     # an xid fault's automatic node recovery chain: kernel-log line, the agent's verdict, node back
     "xid_logged": {"color": "tab:purple", "linestyle": "--", "linewidth": 1.0},
-    "node_agent_acted": {"color": "tab:orange", "linestyle": "-", "linewidth": 1.2},
+    "node_agent_signal": {"color": "tab:orange", "linestyle": "-", "linewidth": 1.2},
     "node_agent_silent": {"color": "tab:orange", "linestyle": ":", "linewidth": 1.2},
+    "node_down": {"color": "tab:brown", "linestyle": "-", "linewidth": 1.0},
     "node_recovered": {"color": "tab:olive", "linestyle": "-", "linewidth": 1.2},
 }
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
@@ -129,12 +130,15 @@ def _marker_label(e: Event) -> str:
         return f"attempt {e.attempt}"
     if e.kind == "xid_logged":
         return f"kernel log: Xid {e.data.get('xid', '?')}"
-    if e.kind == "node_agent_acted":
-        cond = (e.data.get("condition") or {}).get("type")
-        label = (e.data.get("label") or "").rsplit("=", 1)[-1]
-        return "agent: " + " + ".join(x for x in (cond, label) if x)
+    if e.kind == "node_agent_signal":
+        value = e.data.get("value")
+        shown = {"condition": lambda v: v.get("type"), "label": lambda v: v.rsplit("=", 1)[-1],
+                 "taints": lambda v: ",".join(v)}.get(e.data.get("signal"), str)(value)
+        return f"agent: {e.data.get('signal')} {shown}"
     if e.kind == "node_agent_silent":
         return "agent: no action"
+    if e.kind == "node_down":
+        return "node deleted" if e.data.get("deleted") else "node down"
     if e.kind == "node_recovered":
         return {"reboot": "node rebooted", "replace": "node replaced"}.get(e.data.get("action"), "node back")
     return f"run {e.data.get('state', 'finished')}"

@@ -15,9 +15,10 @@ At one instant, on the node hosting rank ``r``:
     own pods are unprivileged); refused with the server's reason when neither is allowed.
 
 Then, watching the Kubernetes API from the moment of injection, the chain the verdicts
-judge link by link: the agent's condition / label / taint on the node (``node_agent_acted``,
-or ``node_agent_silent`` when nothing came within the agent SLO), and the node back Ready
-with a new boot id or a new node in its place (``node_recovered``).
+judge link by link: the agent's condition / label / taint on the node (``node_agent_acted``
+at the first, ``node_agent_signal`` for each; ``node_agent_silent`` when nothing came within
+the agent SLO), the node going down (``node_down``) and back Ready with a new boot id, or a
+new node in its place (``node_recovered``).
 
 Safety: the kernel-log write refuses a ``/dev/kmsg`` that is a character device on a
 machine booted when the harness's own machine was (``btime`` in ``/proc/stat``): a test
@@ -311,6 +312,7 @@ class _ChainWatch(threading.Thread):
         self.ledger_id, self.xid, self.t0 = ledger_id, xid, t0
         self.evidence: dict = {"signals_before": self.before}
         self._stopped = threading.Event()
+        self._noted: set[str] = set()  # signals and "down" already on the timeline
 
     def stop(self) -> None:
         self._stopped.set()
@@ -348,6 +350,7 @@ class _ChainWatch(threading.Thread):
 
         def back(nodes: dict[str, dict]):
             old = nodes.get(self.uid)
+            self._note(old)
             if old is not None:
                 boot = ((old.get("status") or {}).get("nodeInfo") or {}).get("bootID")
                 ok = _usable(old) and boot not in (None, self.boot_before) and not self.signals.on(old)
@@ -373,8 +376,21 @@ class _ChainWatch(threading.Thread):
         self.timeline.emit("fault", "node_recovered", t=t_back, node=self.name_, boot_id_before=self.boot_before,
                            **result, ledger_id=self.ledger_id)
 
+    def _note(self, node: dict | None) -> None:
+        """Each link the first time it is seen: every agent signal on its own (a condition and a
+        label come in separate updates), and the node going down (NotReady, or deleted)."""
+        for kind, value in (self.signals.on(node) if node is not None else {}).items():
+            if kind not in self._noted:
+                self._noted.add(kind)
+                self.timeline.emit("fault", "node_agent_signal", node=self.name_, signal=kind, value=value,
+                                   ledger_id=self.ledger_id)
+        if "down" not in self._noted and (node is None or not _usable(node)):
+            self._noted.add("down")
+            self.timeline.emit("fault", "node_down", node=self.name_, deleted=node is None, ledger_id=self.ledger_id)
+
     def _acted(self, nodes: dict[str, dict]):
         node = nodes.get(self.uid)
+        self._note(node)
         if node is None:
             return None, f"node {self.name_} is gone (deleted without a signal seen first)"
         found = self.signals.on(node)

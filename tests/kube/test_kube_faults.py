@@ -510,3 +510,50 @@ def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_sessi
         assert "sweep: nothing left armed" in done.stdout, done.stdout
         assert node_state(server, "n1") == (False, None), "the sweep must uncordon the node and drop its mark"
         assert not Ledger(ledger.path).open_entries()
+
+
+def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it(caplog):
+    """A killed session's xid: the sweep disarms the plan on the host and names the nodes that
+    carry the agent's condition or label — clearing them could cancel a real remediation."""
+    from chaos.faults.xid import Xid
+    from chaos.profile.models import KubernetesSettings
+    from chaos.transport.base import CommandResult
+
+    with serve() as server:
+        labels = {HEALTH_LABEL: PENDING_REBOOT}
+        node(server, "hyperpod-a", labels=labels)
+        node(server, "hyperpod-b", labels={HEALTH_LABEL: SCHEDULABLE})
+        def condition(n):
+            n["status"]["conditions"].append({"type": "NvidiaErrorReboot", "status": "True",
+                                              "reason": "XidHardwareFailure", "message": "NVRM: Xid 48"})
+            return n
+
+        server.store.update(NODES.plural, None, "hyperpod-a", condition)
+        commands = []
+
+        class Transport:
+            host = "pod-a"
+
+            def run(self, command, timeout=None):
+                commands.append(command)
+                return CommandResult("pod-a", command, 0, "", "")
+
+        class Backend:
+            python = "python3"
+            kube = access(server)
+            profile = type("Profile", (), {"kubernetes": KubernetesSettings(ray_cluster="rc")})
+
+            @staticmethod
+            def reach(key):
+                return type("Host", (), {"transport": Transport()})
+
+        with caplog.at_level("WARNING", logger="chaos.faults.xid"):
+            assert Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl"},
+                             Backend) is True
+        assert "/dev/shm/chaos-xid-x.ctl" in commands[0] and commands[0].endswith("/dev/shm/chaos-xid-x.ctl ''")
+        assert "[ ! -c /dev/kmsg ]" in commands[1], "the stand-in is emptied only where it is not the device"
+        listed = [r.getMessage() for r in caplog.records]
+        assert len(listed) == 1 and "node hyperpod-a carries" in listed[0] and "NvidiaErrorReboot" in listed[0], listed
+        after = server.store.get(NODES.plural, None, "hyperpod-a")
+        assert after["metadata"]["labels"][HEALTH_LABEL] == PENDING_REBOOT, "the sweep cleared the agent's label"
+        assert any(c["type"] == "NvidiaErrorReboot" for c in after["status"]["conditions"])

@@ -99,3 +99,23 @@ def test_ranks_that_disagree_get_a_line_each(tmp_path):
     assert [p.step for p in data.ranks[(1, 0)]][:2] == [11, 12]
     assert [p.step for p in data.ranks[(1, 1)]][:2] == [1, 2]
     assert_png(render_timeline(tl, tmp_path / "ranks.png", title="rank 1 from scratch"))
+
+
+def test_the_automatic_node_recovery_chain_is_on_the_picture(tmp_path):
+    """An xid's links, each a marker with what it was: the kernel-log line, each agent signal,
+    the node down and back."""
+    from chaos.timeline import Event
+
+    t = 1000.0
+    events = [Event(t, "fault", "fault_injected", {"fault": "xid", "ledger_id": "f1"}),
+              Event(t, "fault", "xid_logged", {"xid": 79, "ledger_id": "f1"}),
+              Event(t + 0.2, "fault", "node_agent_signal", {"signal": "condition", "value": {"type": "NvidiaErrorReplace"}}),
+              Event(t + 0.3, "fault", "node_agent_signal", {"signal": "label", "value":
+                    "sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement"}),
+              Event(t + 0.4, "fault", "node_down", {"deleted": True}),
+              Event(t + 0.7, "fault", "node_recovered", {"action": "replace"})]
+    data = plot_data(Timeline(events))
+    assert [m.label for m in data.markers] == [
+        "fault: xid", "kernel log: Xid 79", "agent: condition NvidiaErrorReplace",
+        "agent: label UnschedulablePendingReplacement", "node deleted", "node replaced"]
+    assert render_timeline(Timeline(events), tmp_path / "xid.png").is_file()

@@ -42,3 +42,37 @@ def test_kmsg_inside_a_host_is_its_boots_own_file(network, host, ssh, tmp_path):
         assert after != path and Path(after).read_text() == "", "a new boot starts with an empty kernel log"
     finally:
         kubelet.close()
+
+
+def test_the_xid_fault_writes_a_hosts_kernel_log_over_ssh_and_sweep_empties_it(host, ssh):
+    """The xid fault's way to a kernel log through a host's own transport (SSH as root): the
+    line lands in the host's stand-in, never in this machine's; sweep empties the stand-in
+    (a regular file) and disarms the plan."""
+    from chaos.faults.xid import Xid, xid_line
+    from chaos.shim.control import MAGIC
+
+    token = uuid.uuid4().hex[:12]
+    line = xid_line(48, 1, name=f"chaos-test-{token}")
+    out = Xid._kmsg_by_transport(ssh, line)
+    assert out.endswith("written to /dev/kmsg (stand-in file)"), out
+    kmsg = Path(f"/proc/{host.pids()['init']}/root/dev/kmsg")
+    assert kmsg.read_text() == f"<3>{line}\n"
+    assert token not in subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30).stdout
+
+    class Backend:  # what sweep uses of a backend: reach a host by its ledger key, its python
+        python = "python3"
+        profile = None
+
+        @staticmethod
+        def reach(key):
+            assert key == host.name
+            return type("Host", (), {"transport": ssh})
+
+    control = f"/dev/shm/chaos-xid-test-{token}.ctl"
+    try:
+        assert Xid.sweep({"action": "disarm-xid", "host": host.name, "control": control}, Backend) is True
+        assert kmsg.read_text() == "", "sweep left the Xid line in the host's kernel-log stand-in"
+        data = Path(control).read_bytes()
+        assert data[:8] == MAGIC and int.from_bytes(data[12:16], "little") == 0, "the plan is not disarmed"
+    finally:
+        Path(control).unlink(missing_ok=True)
