@@ -57,6 +57,7 @@ DIAGNOSES: tuple[str, ...] = (
     # node-agent, node-recovered (an xid fault's automatic node recovery chain)
     "node agent never acted", "node agent too slow", "node not recovered", "node recovery too slow",
     "unverifiable: no node agent evidence", "charge not among the measured outcomes",
+    "unverifiable: no measured outcomes",
     # run-finished
     "run failed", "run did not finish", "run did not fail cleanly",
     # progress (chaos.progress, chaos.experiment), healed
@@ -708,7 +709,7 @@ def attribute(timeline: Timeline) -> Attribution:
         nxt = groups[i + 1][0].t if i + 1 < len(groups) else float("inf")
         if key in lasting:  # until the run recovered from it: an attempt begun after the node was back reported
             back = timeline.first("node_recovered", where=lambda e: e.data.get("ledger_id") == key)
-            hit = first_recovery(timeline.events, run_at(timeline, group[0].t), back.t) if back is not None else None
+            hit = first_recovery(timeline.events, run_at(timeline, group[0].t), back.t if back else group[0].t)
             nxt = min(nxt, hit[1].t) if hit is not None else nxt
         for j, d in enumerate(decisions):
             if j not in claimed and d.t >= group[0].t - timeline.clock_uncertainty and d.t < nxt:
@@ -802,7 +803,12 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
         diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
         return Verdict("within-budget", "fail", f"{diagnosis}: the injected faults were charged {counts or 'nothing'}, "
                        f"they should have charged {want}", diagnosis, evidence)
-    if att.lasting and expect.charge_outcomes is not None and platform not in expect.charge_outcomes:
+    if att.lasting and expect.charge_outcomes is None:
+        return Verdict("within-budget", "unverifiable", f"unverifiable: no measured outcomes: the node-recovery "
+                       f"fault(s) were charged {platform or 'nothing'}, which is the platform's doing; say which "
+                       "charges you measured and accept (chaos.expect(charge_outcomes=[...]))",
+                       "unverifiable: no measured outcomes", evidence)
+    if att.lasting and platform not in expect.charge_outcomes:
         return Verdict("within-budget", "fail", f"charge not among the measured outcomes: the node-recovery fault(s) "
                        f"were charged {platform or 'nothing'}; the outcomes measured for them: {expect.charge_outcomes}",
                        "charge not among the measured outcomes", evidence)
@@ -816,7 +822,7 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                                       for c, n in waits.items())
     if att.lasting:
         extra += (f"; the node-recovery fault(s) charged {platform or 'nothing'} (what Ray made of the GPU failure "
-                  "and the node's recovery" + (", one of the measured outcomes)" if expect.charge_outcomes else ")"))
+                  "and the node's recovery, one of the measured outcomes)")
     return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should"
                    + extra, None, evidence)
 
@@ -1138,7 +1144,11 @@ def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
             return timeline.first(kind, where=lambda e: e.data.get("ledger_id") == lid)
 
         logged, acted, silent = mine("xid_logged"), mine("node_agent_acted"), mine("node_agent_silent")
-        back, stuck = mine("node_recovered"), mine("node_not_recovered")
+        back, stuck, broken = mine("node_recovered"), mine("node_not_recovered"), mine("chain_watch_failed")
+        no_evidence = ("unverifiable: no node agent evidence: " + (
+            f"the watch of the node failed: {broken.data.get('error')}" if broken is not None else
+            "nothing watched the node's conditions, labels and taints (it needs the Kubernetes API)"))
+        since = logged.t if logged is not None else fault.t  # the line, not the pod that wrote it
         xid = logged.data.get("xid") if logged else "?"
         slo_agent, slo_back = (logged.data.get("agent_slo_s"), logged.data.get("recover_slo_s")) if logged else (None,
                                                                                                             None)
@@ -1147,7 +1157,7 @@ def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
                     "recover_slo_s": slo_back}
         name = f"node-agent (fault {i})"
         if acted is not None:
-            after = acted.t - fault.t
+            after = acted.t - since
             signal = ", ".join(f"{k} {v}" for k, v in acted.data.items() if k in ("condition", "label", "taints"))
             evidence.update(agent_after_s=round(after, 3), signals={k: acted.data.get(k) for k in
                                                                      ("condition", "label", "taints")})
@@ -1163,12 +1173,10 @@ def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
                                f"{xid} within {silent.data.get('waited_s', 0):.0f} s: {silent.data.get('seen')}",
                                "node agent never acted", evidence))
         else:
-            out.append(Verdict(name, "unverifiable", "unverifiable: no node agent evidence: nothing watched the node's "
-                               "conditions, labels and taints (it needs the Kubernetes API)",
-                               "unverifiable: no node agent evidence", evidence))
+            out.append(Verdict(name, "unverifiable", no_evidence, "unverifiable: no node agent evidence", evidence))
         name = f"node-recovered (fault {i})"
         if back is not None:
-            took = back.t - (acted.t if acted is not None else fault.t)
+            took = back.t - (acted.t if acted is not None else since)
             evidence.update(node_back_after_s=round(took, 3), **{k: back.data.get(k) for k in
                                                                   ("action", "node_after", "boot_id_after")})
             how = (f"rebooted (boot id {back.data.get('boot_id_before')} -> {back.data.get('boot_id_after')})"
@@ -1185,8 +1193,7 @@ def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
                    else "the node agent never acted, so nothing recovered it")
             out.append(Verdict(name, "fail", f"node not recovered: {why}", "node not recovered", evidence))
         else:
-            out.append(Verdict(name, "unverifiable", "unverifiable: no node agent evidence: the node's recovery "
-                               "was not watched", "unverifiable: no node agent evidence", evidence))
+            out.append(Verdict(name, "unverifiable", no_evidence, "unverifiable: no node agent evidence", evidence))
     return out
 
 

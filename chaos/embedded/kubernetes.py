@@ -80,6 +80,9 @@ class KubeClusterConfig:
     #: The HyperPod agent acts on Xid lines in the workers' kernel logs (agent.set_health_monitoring
     #: switches it at run time).
     health_monitoring: bool = True
+    #: ... this long after the line: a real agent takes seconds (or minutes), and the rank then meets
+    #: its dead GPU before its node goes down, as on a real cluster.
+    health_detect_delay_s: float = 1.0
     health: HealthChecks = dataclasses.field(default_factory=HealthChecks)
 
     def __post_init__(self):
@@ -168,7 +171,8 @@ class EmbeddedKubernetes:
                                             head_address=self.head_ip).start()
         self.agent = HyperPodAgent(self.api, TestHostHosts(self.network, self.kubelet), instance_group=WORKER_GROUP,
                                    instance_type=INSTANCE_TYPE,
-                                   health_monitoring=self.config.health_monitoring).start()
+                                   health_monitoring=self.config.health_monitoring,
+                                   detect_delay_s=self.config.health_detect_delay_s).start()
         self.sagemaker = SageMakerEndpoint(self.agent, cluster_name=self.config.hyperpod_cluster,
                                            port=free_port(self._ports()))
         self.sagemaker.start()

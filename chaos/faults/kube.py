@@ -28,6 +28,7 @@ written before the node is even known — lets ``ray-chaos sweep`` find and undo
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -189,32 +190,60 @@ def evict(ctx: FaultContext, kube, namespace: str, name: str, uid: str | None, g
         raise InjectionError(str(err)) from err
 
 
+def list_nodes_at(kube) -> tuple[dict[str, dict], str]:
+    """The nodes by uid and the list's resourceVersion: a point a later ``wait_nodes`` can
+    resume from, so that no change after it is missed."""
+    listed = _list_nodes(kube)
+    return {n["metadata"]["uid"]: n for n in listed["items"]}, listed["metadata"]["resourceVersion"]
+
+
 def wait_nodes(kube, until: Callable[[dict[str, dict]], tuple[T | None, str]], timeout_s: float,
-               what: str) -> T:
+               what: str, resume: dict | None = None, stop: threading.Event | None = None) -> T:
     """Watch nodes until ``until(nodes by uid)`` returns (a value, what was seen) with a value;
-    raise WaitTimeout naming ``what`` and the last thing seen.  An expired watch (410) re-lists."""
+    raise WaitTimeout naming ``what`` and the last thing seen.  An expired watch (410) re-lists.
+
+    ``resume``: {"nodes", "rv"} to start from (e.g. ``list_nodes_at`` before a fault, so a
+    short-lived change is replayed), updated on the way out for the next wait; ``stop``, once
+    set, ends the wait within a few seconds (WaitTimeout)."""
     deadline = time.monotonic() + timeout_s
+    resume = resume if resume is not None else {}
+    rv = resume.get("rv")
+    nodes: dict[str, dict] = dict(resume.get("nodes") or {})
+    try:
+        return _wait_nodes(kube, until, deadline, timeout_s, what, nodes, rv, resume, stop)
+    finally:
+        resume["nodes"] = nodes
+
+
+def _wait_nodes(kube, until, deadline: float, timeout_s: float, what: str, nodes: dict, rv: str | None,
+                resume: dict, stop: threading.Event | None):
     seen = "nothing yet"
-    rv = None
-    nodes: dict[str, dict] = {}
+    if rv is not None:
+        hit, seen = until(nodes)
+        if hit:
+            return hit
     while True:
+        if stop is not None and stop.is_set():
+            raise WaitTimeout(f"stopped waiting for {what}; saw: {seen}")
         if rv is None:
-            listed = _list_nodes(kube)
-            nodes = {n["metadata"]["uid"]: n for n in listed["items"]}
-            rv = listed["metadata"]["resourceVersion"]
+            listed, rv = list_nodes_at(kube)
+            nodes.clear()
+            nodes.update(listed)
+            resume["rv"] = rv
             hit, seen = until(nodes)
             if hit:
                 return hit
         left = deadline - time.monotonic()
         if left <= 0:
             raise WaitTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}; saw: {seen}")
+        window = min(left, 5.0) if stop is not None else left  # a stop is seen at the window's end
         stream = watch.Watch()
         try:
-            for event in stream.stream(kube.core.list_node, resource_version=rv, timeout_seconds=max(1, int(left))):
+            for event in stream.stream(kube.core.list_node, resource_version=rv, timeout_seconds=max(1, int(window))):
                 if event["type"] not in ("ADDED", "MODIFIED", "DELETED"):
                     continue
                 node = event["raw_object"]
-                rv = node["metadata"].get("resourceVersion") or rv
+                rv = resume["rv"] = node["metadata"].get("resourceVersion") or rv
                 if event["type"] == "DELETED":
                     nodes.pop(node["metadata"]["uid"], None)
                 else:
@@ -222,6 +251,8 @@ def wait_nodes(kube, until: Callable[[dict[str, dict]], tuple[T | None, str]], t
                 hit, seen = until(nodes)
                 if hit:
                     return hit
+                if stop is not None and stop.is_set():
+                    break
         except ApiException as err:
             if err.status != 410:
                 raise kube.error(err, "watch", "nodes", namespaced=False) from err
@@ -249,6 +280,22 @@ def _cordoned(node: dict) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable"))
 
 
+NODE_SHELL_LABELS = {"app.kubernetes.io/managed-by": "ray-chaos-harness", MARK: "xid"}
+
+
+def delete_node_shells(kube) -> list[str]:
+    """Delete every node-shell pod the harness left in its namespace (grace 0); their names."""
+    selector = ",".join(f"{k}={v}" for k, v in NODE_SHELL_LABELS.items())
+    pods = kube.core.list_namespaced_pod(kube.namespace, label_selector=selector).items
+    for pod in pods:
+        try:
+            kube.core.delete_namespaced_pod(pod.metadata.name, kube.namespace, grace_period_seconds=0)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    return [p.metadata.name for p in pods]
+
+
 def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, str], what: str,
                       timeout_s: float = 120.0) -> str:
     """Run ``script`` as root on ``node`` in a one-shot privileged pod (hostPID, the node's
@@ -257,7 +304,7 @@ def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, s
     InjectionError naming the node and the reason.  The pod is deleted on every path."""
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": "chaos-node-shell-", "namespace": kube.namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "ray-chaos-harness", MARK: "xid"}},
+                         "labels": dict(NODE_SHELL_LABELS)},
             "spec": {"nodeName": node, "restartPolicy": "Never", "hostPID": True,
                      "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "shell", "image": image, "command": ["/bin/sh", "-c", script],

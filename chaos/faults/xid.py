@@ -31,6 +31,7 @@ a test host's kernel-log stand-in, and lists — never clears — what the agent
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import json
 import logging
@@ -71,13 +72,22 @@ XIDS: dict[int, XidSpec] = {
     120: XidSpec("CUDA_ERROR_UNKNOWN", "GSP Error: Task 1 raised error code 0x5 for reason 0x0", "reboot"),
 }
 
-# Refuses this machine's kernel log; the target's answer names what it found.  $LINE and
-# $HARNESS_BTIME come from the environment (a pod's env, or set before the script over SSH).
+# Refuses this machine's kernel log, failing closed; the target's answer names what it found.
+# $LINE, $HARNESS_BTIME and $HARNESS_BOOT_ID come from the environment (a pod's env, or set
+# before the script over SSH).  A character device is refused when its kernel booted within
+# 5 s of the harness machine's (a time namespace shifts btime, not the boot id) or reports the
+# harness machine's boot id; a test host's stand-in is a regular file.
 KMSG_SCRIPT = r"""
 k=/dev/kmsg
+case "$HARNESS_BTIME" in ''|*[!0-9]*) echo "refused: the harness's boot time is missing ($HARNESS_BTIME)" >&2; exit 3;; esac
 bt=$(sed -n 's/^btime //p' /proc/stat)
-if [ -z "$bt" ]; then echo "refused: cannot read btime from /proc/stat, so cannot tell this kernel from the harness machine's" >&2; exit 3; fi
-if [ -c "$k" ] && [ "$bt" = "$HARNESS_BTIME" ]; then echo "refused: $k here is the kernel log of the machine the harness runs on (character device, same boot time $bt)" >&2; exit 3; fi
+case "$bt" in ''|*[!0-9]*) echo "refused: cannot read btime from /proc/stat, so cannot tell this kernel from the harness machine's" >&2; exit 3;; esac
+if [ -c "$k" ]; then
+  d=$((bt - HARNESS_BTIME)); [ "$d" -lt 0 ] && d=$((0 - d))
+  if [ "$d" -le 5 ] || [ "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" = "$HARNESS_BOOT_ID" ]; then
+    echo "refused: $k here is the kernel log of the machine the harness runs on (character device, boot time $bt)" >&2; exit 3
+  fi
+fi
 if [ ! -w "$k" ]; then echo "refused: $k is not writable here (no such device, not root, or an unprivileged container)" >&2; exit 4; fi
 printf '<3>%s\n' "$LINE" >> "$k" && echo "written to $k ($( [ -c "$k" ] && echo 'character device' || echo 'stand-in file'))"
 """
@@ -123,9 +133,17 @@ def xid_line(xid: int, pid: int | None, pci: str = "0000:3b:00", name: str = "py
 
 
 def harness_btime() -> str:
-    """This machine's boot time (``btime`` of /proc/stat): shared by every namespace of its kernel."""
+    """This machine's boot time (``btime`` of /proc/stat): shared by every namespace of its kernel
+    but a time namespace, which shifts it."""
     with open("/proc/stat") as f:
         return next(line.split()[1] for line in f if line.startswith("btime "))
+
+
+def harness_env(line: str) -> dict[str, str]:
+    """What ``KMSG_SCRIPT`` needs: the line, and how to recognise this machine's kernel."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot_id = f.read().strip()
+    return {"LINE": line, "HARNESS_BTIME": harness_btime(), "HARNESS_BOOT_ID": boot_id}
 
 
 class Xid(Fault):
@@ -191,6 +209,13 @@ class Xid(Fault):
             raise InjectionError(f"cannot read the boot id of {transport.host}: {got.stderr.strip() or boot_id!r}")
         kube = getattr(ctx.backend, "kube", None)
         node = self._kube_node(ctx, inj) if kube is not None else None
+        watch = None
+        if node is not None:  # listed before the line exists: the watch misses nothing the agent does
+            from chaos.faults.kube import list_nodes_at
+
+            watch = _ChainWatch(kube, node, list_nodes_at(kube), self.signals, self.agent_slo_s,
+                                self.recover_timeout_s, ctx.timeline, inj.ledger_id, self.xid)
+            self._watches[inj.ledger_id] = watch
         line = xid_line(self.xid, inj.target.pid)
         plan = Plan(plan_id=f"xid{self.xid}-{uuid.uuid4().hex[:8]}", symbols=("*",), mode="error", times=None,
                     error=self.error_code, boot_id=boot_id)
@@ -204,10 +229,8 @@ class Xid(Fault):
                               written=written, agent_slo_s=self.agent_slo_s, recover_slo_s=self.recover_timeout_s,
                               ledger_id=inj.ledger_id).t
         inj.evidence["kernel_log"] = written
-        if node is not None:
-            watch = _ChainWatch(kube, node, self.signals, self.agent_slo_s, self.recover_timeout_s, ctx.timeline,
-                                inj.ledger_id, self.xid, t)
-            self._watches[inj.ledger_id] = watch
+        if watch is not None:
+            watch.t0 = t
             watch.start()
         return {"xid": self.xid, "plan_id": plan.plan_id, "boot_id": boot_id, "kernel_log": written}
 
@@ -218,7 +241,8 @@ class Xid(Fault):
 
     @staticmethod
     def _kmsg_by_transport(transport, line: str) -> str:
-        script = f"LINE={shlex.quote(line)} HARNESS_BTIME={harness_btime()}; export LINE HARNESS_BTIME\n{KMSG_SCRIPT}"
+        env = harness_env(line)
+        script = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f"; export {' '.join(env)}\n{KMSG_SCRIPT}"
         res = transport.run(["/bin/sh", "-c", script], timeout=30)
         if not res.ok:
             raise InjectionError(f"writing the Xid line to {transport.host}'s kernel log: "
@@ -231,8 +255,7 @@ class Xid(Fault):
         from chaos.faults.kube import write_by_node_pod
 
         name = node["metadata"]["name"]
-        out = write_by_node_pod(kube, name, self.node_shell_image, KMSG_SCRIPT,
-                                {"LINE": line, "HARNESS_BTIME": harness_btime()}, what="the Xid line")
+        out = write_by_node_pod(kube, name, self.node_shell_image, KMSG_SCRIPT, harness_env(line), what="the Xid line")
         return f"node {name}: {out}"
 
     def after_detect(self, ctx: FaultContext, inj: Injection) -> None:
@@ -251,6 +274,7 @@ class Xid(Fault):
         if watch is not None:
             watch.stop()
         files = f"{shlex.quote(self.log_path)} {shlex.quote(self.control_path)}"
+        collect = f"cat {shlex.quote(self.log_path)} 2>/dev/null; rm -f {files}"
         try:
             transport.run(control_command(self.control_path, None, python=ctx.backend.python), timeout=30).check()
         except TransportError:
@@ -258,22 +282,26 @@ class Xid(Fault):
                 raise
             # The node was rebooted or replaced: its pod, its processes and their plan are gone
             # (and the plan, bound to the old boot id, fires nowhere).  Where a live worker still
-            # sees the files (a /dev/shm shared with the node's, as test hosts share it), drop them.
-            for node in ctx.cluster.alive_workers():
-                ctx.backend.host(node.node_id).transport.run(f"rm -f {files}", timeout=30)
+            # sees the files (a /tmp and /dev/shm shared with the node's, as test hosts share
+            # them), the shim's log is collected and the files dropped.
+            outs = [ctx.backend.host(n.node_id).transport.run(collect, timeout=30).stdout
+                    for n in ctx.cluster.alive_workers()]
+            self._count(inj, "".join(outs))
             inj.evidence["reverted"] = "nothing armed: the node's pod went with its reboot or replacement"
             return False
-        log = transport.run(f"cat {shlex.quote(self.log_path)} 2>/dev/null; rm -f {files}", timeout=30)
-        fired = 0
-        for line in log.stdout.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == "inject":
-                fired += 1
-        inj.evidence["shim_injections"] = fired
+        self._count(inj, transport.run(collect, timeout=30).stdout)
         return True
+
+    @staticmethod
+    def _count(inj: Injection, log: str) -> None:
+        """How often the shim failed a driver call (its ``inject`` events), for the evidence."""
+        fired = 0
+        for line in log.splitlines():
+            try:
+                fired += json.loads(line).get("event") == "inject"
+            except (ValueError, AttributeError):
+                continue
+        inj.evidence["shim_injections"] = fired
 
     @classmethod
     def sweep(cls, plan: dict, backend) -> bool:
@@ -284,10 +312,12 @@ class Xid(Fault):
         host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
         settings = getattr(getattr(backend, "profile", None), "kubernetes", None)
         if settings is not None:
-            from chaos.faults.kube import _list_nodes, kube_of
+            from chaos.faults.kube import _list_nodes, delete_node_shells, kube_of
 
+            kube = kube_of(backend, cls.kind)
+            delete_node_shells(kube)  # one left by a killed session could still write its line
             signals = AgentSignals.from_settings(settings.node_agent)
-            for node in _list_nodes(kube_of(backend, cls.kind))["items"]:
+            for node in _list_nodes(kube)["items"]:
                 found = signals.on(node)
                 if found:
                     log.warning("sweep: node %s carries %s from the node agent; left as it is (clearing it could "
@@ -296,20 +326,29 @@ class Xid(Fault):
 
 
 class _ChainWatch(threading.Thread):
-    """From the injection on, watches the node through the API: the agent's first signal (or
-    none within ``agent_slo_s``), then the node back Ready with a new boot id — or gone and a
-    new node Ready in its place.  Each link becomes a timeline event with the harness's time
-    of seeing it."""
+    """Watches the node through the API from a list taken before the Xid was written (so a
+    short-lived label is replayed, not missed): the agent's first signal, or none within
+    ``agent_slo_s``; then the node back Ready with a new boot id — or gone, and a new node of
+    its instance group, created after the agent acted, Ready in its place.  Each link becomes
+    a timeline event stamped when the harness saw it; a watch that fails says so
+    (``chain_watch_failed``)."""
 
-    def __init__(self, kube, node: dict, signals: AgentSignals, agent_slo_s: float, recover_timeout_s: float,
-                 timeline, ledger_id: str | None, xid: int, t0: float):
+    INSTANCE_GROUP = "sagemaker.amazonaws.com/instance-group-name"
+
+    def __init__(self, kube, node: dict, start: tuple[dict[str, dict], str], signals: AgentSignals,
+                 agent_slo_s: float, recover_timeout_s: float, timeline, ledger_id: str | None, xid: int):
         super().__init__(name=f"xid-chain:{node['metadata']['name']}", daemon=True)
         self.kube, self.signals, self.timeline = kube, signals, timeline
         self.name_, self.uid = node["metadata"]["name"], node["metadata"]["uid"]
+        self.group = (node["metadata"].get("labels") or {}).get(self.INSTANCE_GROUP)
         self.boot_before = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
-        self.before = signals.on(node)
+        self.resume = {"nodes": dict(start[0]), "rv": start[1]}
+        self.nodes_before = set(start[0])
+        self.before = signals.on(start[0].get(self.uid) or node)
         self.agent_slo_s, self.recover_timeout_s = agent_slo_s, recover_timeout_s
-        self.ledger_id, self.xid, self.t0 = ledger_id, xid, t0
+        self.ledger_id, self.xid = ledger_id, xid
+        self.t0: float | None = None  # when the line was written (set before start)
+        self.t_acted: float | None = None
         self.evidence: dict = {"signals_before": self.before}
         self._stopped = threading.Event()
         self._noted: set[str] = set()  # signals and "down" already on the timeline
@@ -320,59 +359,44 @@ class _ChainWatch(threading.Thread):
     def run(self) -> None:
         try:
             self._watch()
-        except Exception as err:  # noqa: BLE001 - no event then: the verdicts say the chain is unverifiable
-            self.evidence["error"] = f"watching node {self.name_} failed: {type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - said on the timeline: the verdicts quote it
+            error = f"watching node {self.name_} failed: {type(err).__name__}: {err}"
+            self.evidence["error"] = error
+            self.timeline.emit("fault", "chain_watch_failed", node=self.name_, error=error, ledger_id=self.ledger_id)
 
     def _watch(self) -> None:
-        from chaos.faults.kube import _list_nodes, wait_nodes
+        from chaos.faults.kube import wait_nodes
 
         if self.before:  # a signal already there proves nothing about this fault
-            self.evidence["error"] = f"node {self.name_} already carried {self.before} before the Xid"
-            self.timeline.emit("fault", "node_agent_silent", node=self.name_, xid=self.xid, waited_s=0.0,
-                               seen=self.evidence["error"], ledger_id=self.ledger_id)
-            return
-        nodes_before = {n["metadata"]["uid"] for n in _list_nodes(self.kube)["items"]}
+            raise RuntimeError(f"node {self.name_} already carried {self.before} before the Xid")
         try:
             acted = wait_nodes(self.kube, self._acted, self.agent_slo_s,
-                               f"the node agent to act on Xid {self.xid} on node {self.name_}")
+                               f"the node agent to act on Xid {self.xid} on node {self.name_}", resume=self.resume,
+                               stop=self._stopped)
         except WaitTimeout as err:
+            if self._stopped.is_set():
+                return
             seen = str(err).split("saw: ", 1)[-1]
             self.evidence["agent"] = {"acted": False, "seen": seen}
             self.timeline.emit("fault", "node_agent_silent", node=self.name_, xid=self.xid,
                                waited_s=self.agent_slo_s, seen=seen, ledger_id=self.ledger_id)
             return
-        t_acted = time.time()
-        self.evidence["agent"] = {"acted": True, **acted, "after_s": round(t_acted - self.t0, 3)}
-        self.timeline.emit("fault", "node_agent_acted", t=t_acted, node=self.name_, xid=self.xid, **acted,
+        self.evidence["agent"] = {"acted": True, **acted, "after_s": round(self.t_acted - (self.t0 or 0), 3)}
+        self.timeline.emit("fault", "node_agent_acted", t=self.t_acted, node=self.name_, xid=self.xid, **acted,
                            ledger_id=self.ledger_id)
-        if self._stopped.is_set():
-            return
-
-        def back(nodes: dict[str, dict]):
-            old = nodes.get(self.uid)
-            self._note(old)
-            if old is not None:
-                boot = ((old.get("status") or {}).get("nodeInfo") or {}).get("bootID")
-                ok = _usable(old) and boot not in (None, self.boot_before) and not self.signals.on(old)
-                state = (f"{self.name_}: Ready={_usable(old)}, bootID {boot} (was {self.boot_before}), "
-                         f"agent signals {self.signals.on(old) or 'none'}")
-                return ({"action": "reboot", "node_after": self.name_, "boot_id_after": boot} if ok else None), state
-            new = [n for uid, n in nodes.items() if uid not in nodes_before and _usable(n)]
-            state = f"{self.name_} gone; new usable nodes: {[n['metadata']['name'] for n in new] or 'none'}"
-            return ({"action": "replace", "node_after": new[0]["metadata"]["name"],
-                     "boot_id_after": ((new[0].get("status") or {}).get("nodeInfo") or {}).get("bootID")}
-                    if new else None), state
-
         try:
-            result = wait_nodes(self.kube, back, self.recover_timeout_s,
-                                f"node {self.name_} to be back Ready with a new boot id, or replaced")
+            result = wait_nodes(self.kube, self._back, self.recover_timeout_s,
+                                f"node {self.name_} to be back Ready with a new boot id, or replaced",
+                                resume=self.resume, stop=self._stopped)
         except WaitTimeout as err:
+            if self._stopped.is_set():
+                return
             self.evidence["recovered"] = {"ok": False, "seen": str(err)}
             self.timeline.emit("fault", "node_not_recovered", node=self.name_, waited_s=self.recover_timeout_s,
                                seen=str(err), ledger_id=self.ledger_id)
             return
         t_back = time.time()
-        self.evidence["recovered"] = {"ok": True, **result, "after_agent_s": round(t_back - t_acted, 3)}
+        self.evidence["recovered"] = {"ok": True, **result, "after_agent_s": round(t_back - self.t_acted, 3)}
         self.timeline.emit("fault", "node_recovered", t=t_back, node=self.name_, boot_id_before=self.boot_before,
                            **result, ledger_id=self.ledger_id)
 
@@ -394,9 +418,39 @@ class _ChainWatch(threading.Thread):
         if node is None:
             return None, f"node {self.name_} is gone (deleted without a signal seen first)"
         found = self.signals.on(node)
+        if found and self.t_acted is None:
+            self.t_acted = time.time()
         value = (node["metadata"].get("labels") or {}).get(self.signals.label) if self.signals.label else None
         state = f"node {self.name_} still {value}" if value else f"node {self.name_} carries no agent signal"
         return (found or None), state
+
+    def _back(self, nodes: dict[str, dict]):
+        old = nodes.get(self.uid)
+        self._note(old)
+        if old is not None:
+            boot = ((old.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+            ok = _usable(old) and boot not in (None, self.boot_before) and not self.signals.on(old)
+            state = (f"{self.name_}: Ready={_usable(old)}, bootID {boot} (was {self.boot_before}), "
+                     f"agent signals {self.signals.on(old) or 'none'}")
+            return ({"action": "reboot", "node_after": self.name_, "boot_id_after": boot} if ok else None), state
+        new = [n for uid, n in nodes.items() if uid not in self.nodes_before and self._replaces(n)]
+        state = f"{self.name_} gone; new usable nodes of its group: {[n['metadata']['name'] for n in new] or 'none'}"
+        return ({"action": "replace", "node_after": new[0]["metadata"]["name"],
+                 "boot_id_after": ((new[0].get("status") or {}).get("nodeInfo") or {}).get("bootID")}
+                if new else None), state
+
+    def _replaces(self, node: dict) -> bool:
+        """A node that can be the replacement: usable, of the old node's instance group (HyperPod
+        replaces within the group), created after the agent acted (not an autoscaler's)."""
+        meta = node["metadata"]
+        if self.group is not None and (meta.get("labels") or {}).get(self.INSTANCE_GROUP) != self.group:
+            return False
+        created = meta.get("creationTimestamp")
+        if created and self.t_acted is not None:
+            made = calendar.timegm(time.strptime(created.replace(".000", "")[:19], "%Y-%m-%dT%H:%M:%S"))
+            if made < int(self.t_acted) - 1:  # whole seconds
+                return False
+        return _usable(node)
 
 
 def _usable(node: dict) -> bool:

@@ -547,6 +547,9 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
             def reach(key):
                 return type("Host", (), {"transport": Transport()})
 
+        from chaos.faults.kube import NODE_SHELL_LABELS
+
+        pod(server, "chaos-node-shell-left", None, labels=dict(NODE_SHELL_LABELS))
         with caplog.at_level("WARNING", logger="chaos.faults.xid"):
             assert Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl"},
                              Backend) is True
@@ -557,3 +560,4 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
         after = server.store.get(NODES.plural, None, "hyperpod-a")
         assert after["metadata"]["labels"][HEALTH_LABEL] == PENDING_REBOOT, "the sweep cleared the agent's label"
         assert any(c["type"] == "NvidiaErrorReboot" for c in after["status"]["conditions"])
+        assert server.store.get(PODS.plural, "default", "chaos-node-shell-left") is None, "a node-shell pod was left"

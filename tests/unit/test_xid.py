@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from chaos.errors import InjectionError
-from chaos.faults.xid import KMSG_SCRIPT, XIDS, AgentSignals, Xid, harness_btime, xid_line
+from chaos.faults.xid import KMSG_SCRIPT, XIDS, AgentSignals, Xid, harness_btime, harness_env, xid_line
 from chaos.verify import Expectation, node_recovery_chain, within_budget
 from timelines import Script
 
@@ -106,7 +106,8 @@ def test_a_charge_outside_the_measured_outcomes_fails():
 
 
 def test_a_failure_after_the_node_is_back_is_unrelated():
-    v = within_budget(xid_run(decisions=1, after_back=1).finish().timeline(), Expectation())
+    v = within_budget(xid_run(decisions=1, after_back=1).finish().timeline(),
+                      Expectation(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
 
 
@@ -117,8 +118,9 @@ def test_a_dead_gpu_nobody_recovers_exhausts_the_budget_and_never_passes():
         if i < 2:
             s.start_attempt()
     tl = s.finish("ERRORED").timeline()
-    v = within_budget(tl, Expectation())
+    v = within_budget(tl, Expectation(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "retry budget exhausted" and "3 failures" in v.message, v.line()
+    assert v.evidence["charged_by_node_recovery_faults"] == {"worker_group": 3}, "the dead GPU's failures are the xid's"
     assert all(x.status == "fail" for x in node_recovery_chain(tl))
 
 
@@ -169,21 +171,27 @@ def test_the_xid_line_reads_as_nvrm_writes_it():
 
 # -- the kernel-log write ----------------------------------------------------------------------
 def dmesg_nvrm() -> list[str]:
-    return [ln for ln in subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines() if "NVRM" in ln]
+    out = subprocess.run(["dmesg"], capture_output=True, text=True)
+    assert out.returncode == 0, f"dmesg cannot be read here: {out.stderr}"
+    return [ln for ln in out.stdout.splitlines() if "NVRM" in ln]
 
 
-def run_script(line: str, stand_in: str | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "LINE": line, "HARNESS_BTIME": harness_btime()}
+def run_script(line: str, stand_in: str | None = None, wrap: tuple[str, ...] = (), **env_over) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], **harness_env(line), **env_over}
     if stand_in is None:
-        return subprocess.run(["/bin/sh", "-c", KMSG_SCRIPT], env=env, capture_output=True, text=True, timeout=30)
+        return subprocess.run([*wrap, "/bin/sh", "-c", KMSG_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=30)
     # As a test host has it: a stand-in file over /dev/kmsg in a private mount namespace.
-    inner = f"mount --bind {stand_in} /dev/kmsg && exec /bin/sh -c '{KMSG_SCRIPT.replace(chr(39), chr(39) + chr(92) + chr(39) + chr(39))}'"
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", inner], env=env,
-                          capture_output=True, text=True, timeout=30)
+    inner = f"mount --bind {stand_in} /dev/kmsg && exec /bin/sh -c \"$SCRIPT\""
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", inner],
+                          env={**env, "SCRIPT": KMSG_SCRIPT}, capture_output=True, text=True, timeout=30)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/kmsg") or shutil.which("dmesg") is None,
-                    reason="needs root, /dev/kmsg and dmesg")
+needs_kmsg = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/kmsg") or shutil.which("dmesg") is None,
+                                reason="needs root, /dev/kmsg and dmesg")
+
+
+@needs_kmsg
 def test_this_machines_kernel_log_is_refused_and_a_stand_in_is_written(tmp_path):
     before = dmesg_nvrm()
     line = xid_line(79, 1, pci="0000:ff:00")
@@ -197,3 +205,45 @@ def test_this_machines_kernel_log_is_refused_and_a_stand_in_is_written(tmp_path)
     assert "stand-in file" in written.stdout
     assert stand_in.read_text() == f"<3>{line}\n"
     assert dmesg_nvrm() == before, "this machine's kernel log gained an NVRM line"
+
+
+@needs_kmsg
+@pytest.mark.parametrize("how", ["no harness boot time", "another boot time, this machine's boot id",
+                                 "a time namespace"])
+def test_the_refusal_fails_closed(how):
+    """What could make this machine's kernel log look like another's is refused all the same."""
+    before = dmesg_nvrm()
+    line = xid_line(79, 1, pci="0000:fe:00")
+    if how == "no harness boot time":
+        got = run_script(line, HARNESS_BTIME="")
+    elif how == "another boot time, this machine's boot id":
+        got = run_script(line, HARNESS_BTIME=str(int(harness_btime()) - 86400))
+    else:  # btime shifted by a day inside the namespace; the boot id is still this machine's
+        if subprocess.run(["unshare", "--time", "--boottime", "86400", "true"], capture_output=True).returncode:
+            pytest.skip("no time namespaces here")
+        got = run_script(line, wrap=("unshare", "--time", "--boottime", "86400"))
+    assert got.returncode == 3 and got.stderr.startswith("refused:"), got
+    assert dmesg_nvrm() == before, "this machine's kernel log gained an NVRM line"
+
+
+def test_an_xid_charge_without_measured_outcomes_is_unverifiable():
+    v = within_budget(xid_run().finish().timeline(), Expectation())
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no measured outcomes", v.line()
+
+
+def test_a_failed_watch_is_named_in_the_unverifiable_chain():
+    s = Script().start_attempt().steps(1, 5).xid(agent_after=1.0, back_after=3.0)
+    s.events = [e for e in s.events if e.kind not in ("node_agent_acted", "node_recovered")]
+    s.events.append(s._e("fault", "chain_watch_failed", ledger_id="f1", error="watching node x failed: 403"))
+    agent, node = chain(s.timeline())
+    assert agent.status == node.status == "unverifiable"
+    assert "the watch of the node failed: watching node x failed: 403" in agent.message, agent.message
+
+
+def test_without_a_watched_recovery_the_xids_window_ends_when_the_run_recovered():
+    """No node_recovered (the SSH path): a failure after the run recovered is not the xid's."""
+    s = Script().start_attempt().steps(1, 11).xid(agent_after=1.0)
+    s.decision(error=CUDA_ERROR).start_attempt().steps(11, 15)
+    s.decision(error="rank 0 died").start_attempt().steps(16, 20).finish()
+    v = within_budget(s.timeline(), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
