@@ -561,3 +561,76 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
         assert after["metadata"]["labels"][HEALTH_LABEL] == PENDING_REBOOT, "the sweep cleared the agent's label"
         assert any(c["type"] == "NvidiaErrorReboot" for c in after["status"]["conditions"])
         assert server.store.get(PODS.plural, "default", "chaos-node-shell-left") is None, "a node-shell pod was left"
+
+
+# -- the xid fault's chain watch ------------------------------------------------------------
+def chain_watch(server, name, agent_slo_s=5.0, recover_timeout_s=5.0):
+    from chaos.faults.kube import list_nodes_at
+    from chaos.faults.xid import AgentSignals, _ChainWatch
+
+    kube = access(server)
+    node_obj = server.store.get(NODES.plural, None, name)
+    timeline = Timeline()
+    watch = _ChainWatch(kube, node_obj, list_nodes_at(kube), AgentSignals(), agent_slo_s, recover_timeout_s,
+                        timeline, "f1", 48)
+    watch.t0 = timeline.emit("fault", "xid_logged", ledger_id="f1").t
+    return watch, timeline
+
+
+def set_labels(server, name, **labels):
+    def change(n):
+        n["metadata"]["labels"].update(labels)
+        return n
+
+    server.store.update(NODES.plural, None, name, change)
+
+
+def test_the_chain_watch_replays_a_label_the_agent_set_and_cleared_before_it_looked():
+    """The agent may act and recover in under a second: the watch starts from a list taken
+    before the line, so the short-lived label and the new boot id are still seen, in order."""
+    with serve() as server:
+        name = hp_node(server, boot_id="boot-1")
+        watch, timeline = chain_watch(server, name)
+        set_labels(server, name, **{HEALTH_LABEL: PENDING_REBOOT})
+
+        def rebooted(n):
+            n["metadata"]["labels"][HEALTH_LABEL] = SCHEDULABLE
+            n["status"]["nodeInfo"] = node_info("boot-2")
+            return n
+
+        server.store.update(NODES.plural, None, name, rebooted)
+        watch.start()
+        watch.join(20)
+        kinds = [e.kind for e in timeline.events]
+        assert kinds == ["xid_logged", "node_agent_signal", "node_agent_acted", "node_recovered"], kinds
+        back = timeline.of("node_recovered")[0].data
+        assert (back["action"], back["boot_id_after"]) == ("reboot", "boot-2"), back
+
+
+def test_an_unrelated_new_node_is_no_replacement():
+    """The old node deleted, and a node of another instance group (an autoscaler's) joins: the
+    node is not recovered."""
+    with serve() as server:
+        name = "hyperpod-" + ID1
+        node(server, name, labels={HEALTH_LABEL: SCHEDULABLE, INSTANCE_ID_LABEL: ID1,
+                                   "sagemaker.amazonaws.com/instance-group-name": "workers"})
+        watch, timeline = chain_watch(server, name, recover_timeout_s=2.0)
+        watch.start()
+        set_labels(server, name, **{HEALTH_LABEL: PENDING_REPLACEMENT})
+        server.store.remove(NODES.plural, None, name)
+        node(server, "karpenter-abc", labels={"sagemaker.amazonaws.com/instance-group-name": "other"})
+        watch.join(20)
+        kinds = [e.kind for e in timeline.events]
+        assert "node_agent_acted" in kinds and "node_recovered" not in kinds, kinds
+        assert "karpenter-abc" not in json.dumps(timeline.of("node_not_recovered")[0].data), timeline.events
+
+
+def test_a_signal_already_on_the_node_makes_the_chain_unverifiable_not_a_pass():
+    with serve() as server:
+        name = hp_node(server)
+        set_labels(server, name, **{HEALTH_LABEL: PENDING_REBOOT})
+        watch, timeline = chain_watch(server, name)
+        watch.start()
+        watch.join(20)
+        [failed] = timeline.of("chain_watch_failed")
+        assert "already carried" in failed.data["error"] and not timeline.of("node_agent_acted"), timeline.events
