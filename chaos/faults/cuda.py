@@ -15,8 +15,21 @@ import uuid
 
 from chaos.errors import InjectionError
 from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
-from chaos.shim.control import control_command
+from chaos.shim.control import control_command, process_env
 from chaos.shim.plan import Plan
+
+
+def shim_env(shim_path: str | None, control_path: str, log_path: str, driver_dir: str | None) -> dict[str, str]:
+    """A run's environment under the shim (built here when ``shim_path`` is None), armed later
+    through ``control_path``; ``driver_dir`` (e.g. the stub libcuda.so.1) first on the library path."""
+    if shim_path is None:
+        from chaos.shim.build import ensure_shim
+
+        shim_path = str(ensure_shim())
+    env = process_env(shim_path, control_path, log_path)
+    if driver_dir:
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [driver_dir, os.environ.get("LD_LIBRARY_PATH")]))
+    return env
 
 
 class CudaFault(Fault):
@@ -53,14 +66,8 @@ class CudaFault(Fault):
         return f"CUDA {self.preset} ({self.error_name}, {self.mode}) in rank {self.rank}"
 
     def run_env(self) -> dict[str, str]:
-        if self.shim_path is None:
-            from chaos.shim.build import ensure_shim
-
-            self.shim_path = str(ensure_shim())
-        env = {"LD_PRELOAD": self.shim_path, "CHAOS_CUDA_CONTROL": self.control_path,
-               "CHAOS_CUDA_LOG": self.log_path}
-        if self.driver_dir:
-            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [self.driver_dir, os.environ.get("LD_LIBRARY_PATH")]))
+        env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)
+        self.shim_path = env["LD_PRELOAD"]
         if self.collective_timeout_s:
             env["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(self.collective_timeout_s)
             env["CHAOS_COLLECTIVE_TIMEOUT_S"] = str(self.collective_timeout_s)

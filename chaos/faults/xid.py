@@ -43,6 +43,7 @@ import uuid
 
 from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.cuda import shim_env
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
 from chaos.shim.plan import Plan
@@ -178,22 +179,12 @@ class Xid(Fault):
         return f"Xid {self.xid} ({self.spec.error}, every driver call until reboot) on rank {self.rank}'s node"
 
     def run_env(self) -> dict[str, str]:
-        if self.shim_path is None:
-            from chaos.shim.build import ensure_shim
-
-            self.shim_path = str(ensure_shim())
-        env = {"LD_PRELOAD": self.shim_path, "CHAOS_CUDA_CONTROL": self.control_path, "CHAOS_CUDA_LOG": self.log_path}
-        if self.driver_dir:
-            import os
-
-            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [self.driver_dir, os.environ.get("LD_LIBRARY_PATH")]))
+        env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)
+        self.shim_path = env["LD_PRELOAD"]
         return env
 
     def resolve(self, ctx: FaultContext) -> Target:
         return placement_target(ctx, self.rank)
-
-    def detect_timeout(self, base_s: float) -> float:
-        return base_s
 
     def revert_plan(self, inj: Injection) -> dict:
         return {"action": "disarm-xid", "host": inj.host.key, "control": self.control_path,
