@@ -11,10 +11,11 @@ ALLURE := reports/allure-results
 
 setup: $(VENV)/.installed node_modules/.installed .system-packages
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins the default Ray inside pyproject.toml's supported range (README, "Ray versions").
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[workload,frameworks]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[workload,frameworks]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -27,6 +27,7 @@ from chaos.backends.lock import NAMESPACE, ClusterLock
 from chaos.cluster import ClusterView, Node
 from chaos.errors import ClusterError
 from chaos.profile import SafetySettings
+from chaos.ray_support import dashboard_ray_version, require_same_ray
 from chaos.report import Reporter
 from chaos.safety import HealthGuard, LiveFaults, NodeInfo, Safety, TargetRefused
 from chaos.transport.base import Transport
@@ -72,6 +73,8 @@ def profile_view(profile, where: str) -> ClusterView:
     """Connect to ``profile``'s Ray cluster as the driver and return its view (``where``
     names the cluster in the error)."""
     ray_settings = profile.ray
+    # Before anything else reaches the cluster: one it cannot judge is refused, naming both Rays.
+    require_same_ray(dashboard_ray_version(ray_settings.dashboard_url), where=where)
     try:
         connect(ray_settings.gcs_address, ray_settings.driver_ip)
     except Exception as e:
