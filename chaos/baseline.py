@@ -1,8 +1,10 @@
-"""Fault-free baselines for the final-state verdict, made once per workload and cached.
+"""Fault-free baselines for the final-state and state-trajectory verdicts, made once per
+workload and cached.
 
 A baseline is a run of the same workload (entrypoint, parameters, seed) with no fault,
 through the same path as the run under test (an Experiment: the Jobs API, the recorder,
-the verdicts); its final state per rank is what a correct restore must end in.
+the verdicts); its state per rank at every step is what a correct restore must follow, and
+its final state what it must end in.
 
 Cached under ``<reports>/baselines/<key>.json``.  The key is what decides the final
 state and nothing that differs per run: the entrypoint without its run name and storage
@@ -27,21 +29,27 @@ from typing import Callable
 from chaos.errors import Aborted, ChaosError
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec
-from chaos.verify import Baseline, Expectation, Verdict, final_states
+from chaos.verify import Baseline, Expectation, Verdict, final_states, trajectory_of
 
 log = logging.getLogger(__name__)
 
 # Options whose value differs per run and never decides the final state: left out of the key.
 PER_RUN_OPTIONS = ("--storage-path", "--storage", "--name", "--run-name")
+# The reference workload's options that only act on a failure or a restore (its retry
+# budgets, the buggy twins' --forget): a fault-free run is the same with any value, so the
+# buggy twins share the healthy run's baseline.
+REFERENCE_RESTORE_ONLY = ("--max-failures", "--max-preemption-failures", "--forget")
+# What a cached baseline holds; a file of another schema is made anew (its key differs).
+SCHEMA = 2  # 2: the per-step trajectory
 REFERENCE_MODULE = Path(__file__).parent / "train" / "workloads" / "reference.py"
 # Directories of a user's working dir that hold no workload code (besides dot-directories
 # and virtualenvs, found by their pyvenv.cfg).
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
 
-def _entrypoint_tokens(entrypoint: str) -> list[str]:
+def _entrypoint_tokens(entrypoint: str, dropped: tuple[str, ...] = ()) -> list[str]:
     """The command's words with the values of PER_RUN_OPTIONS (``--opt v`` or ``--opt=v``)
-    replaced by a placeholder."""
+    replaced by a placeholder, and the ``dropped`` options left out."""
     out, skip = [], False
     for w in shlex.split(entrypoint):
         option = w.split("=", 1)[0]
@@ -49,6 +57,8 @@ def _entrypoint_tokens(entrypoint: str) -> list[str]:
             skip = False
         elif option in PER_RUN_OPTIONS:
             out.append(f"{option}=<per-run>")
+            skip = "=" not in w
+        elif option in dropped:
             skip = "=" not in w
         else:
             out.append(w)
@@ -92,8 +102,10 @@ def _version(package: str) -> str | None:
 
 def cache_key(spec: RunSpec) -> tuple[str, dict]:
     """(key, what it was made of): equal for runs that must end in the same state."""
+    reference = spec.params.get("workload") == "reference"
     material = {
-        "entrypoint": _entrypoint_tokens(spec.entrypoint),
+        "schema": SCHEMA,
+        "entrypoint": _entrypoint_tokens(spec.entrypoint, REFERENCE_RESTORE_ONLY if reference else ()),
         "seed": spec.params.get("seed"),
         "env_vars": dict(sorted(spec.env_vars.items())),
         "step_metric": spec.step_metric,
@@ -153,13 +165,14 @@ class BaselineCache:
 
 def baseline_spec(spec: RunSpec, storage_path: str | None, fault_env: dict[str, str]) -> RunSpec:
     """``spec`` as a run of its own: a new Train run name for the reference workload (a run
-    resumes from any checkpoint under its name); a user's script names its runs itself.
+    resumes from any checkpoint under its name), healthy (no ``forget``); a user's script
+    names its runs itself.
     The faults' run environment comes along (nothing is armed), so both runs start alike."""
     name = f"{spec.name}-baseline"
     if spec.params.get("workload") == "reference":
         if storage_path is None:
             raise ChaosError("the reference workload's baseline needs the backend's storage path")
-        params = {k: v for k, v in spec.params.items() if k != "workload"}
+        params = {k: v for k, v in spec.params.items() if k not in ("workload", "forget")}
         params["checkpoint_on_preemption"] = bool(params.get("checkpoint_on_preemption"))
         new = reference_spec(name, storage_path, **params)
         new.env_vars = {**fault_env, **spec.env_vars}
@@ -178,6 +191,7 @@ def from_run(key: str, job_id: str | None, timeline, verdicts: list[Verdict]) ->
         base.error = f"the fault-free run (job {job_id}) failed: " + "; ".join(v.message for v in failing)
         return base
     base.final = final_states(timeline)
+    base.trajectory = trajectory_of(timeline)
     if not any(v["state"] for v in base.final.values()):
         base.error = f"the fault-free run (job {job_id}) reported no state value"
     return base

@@ -26,9 +26,10 @@ from chaos.faults import catalog
 from chaos.faults.catalog import expected_charge
 from chaos.faults.raylet import RayletKill
 from chaos.progress import CRASH_LOOP_FAILURES
+from chaos.ray_support import RayVersionError, check_supported
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
-from chaos.verify import Expectation
+from chaos.verify import STATE_RTOL, Expectation
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,16 @@ def pytest_addoption(parser):
     g.addoption("--chaos-campaign-kinds", default=None, metavar="KIND[,KIND...]",
                 help="campaign (-m soak): fault kinds to draw from (default: those the session's backend can "
                      "inject, see suites/test_campaign.py)")
+    g.addoption("--chaos-baseline", action="store_true",
+                help="follow every test's run step by step against a fault-free run of the same workload and "
+                     "seed (state-trajectory verdict: names the first step that leaves it); the baseline runs "
+                     "first and is cached like the final-state check's")
+    g.addoption("--chaos-state-rtol", type=float, default=STATE_RTOL, metavar="R",
+                help=f"relative tolerance for a state value (loss) to reproduce: re-done steps, the trajectory, "
+                     f"the final state (default {STATE_RTOL:g}; raise it for non-deterministic training)")
     g.addoption("--chaos-refresh-baselines", action="store_true",
-                help="final-state checks: make every fault-free baseline anew instead of reusing the one cached "
-                     "under <reports>/baselines for the same workload, parameters and seed")
+                help="final-state and trajectory checks: make every fault-free baseline anew instead of reusing "
+                     "the one cached under <reports>/baselines for the same workload, parameters and seed")
     g.addoption("--chaos-reports", default="reports", metavar="DIR", help="where run artefacts go")
     g.addoption("--chaos-profile", default=None, metavar="YAML",
                 help="run against the cluster this profile describes instead of the embedded cluster")
@@ -107,6 +115,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    try:
+        check_supported()  # a Ray outside the supported range is refused before anything runs
+    except RayVersionError as e:
+        raise pytest.UsageError(str(e)) from e
     config.addinivalue_line("markers", "chaos: a chaos suite (starts a Ray cluster and injects faults); "
                                        "runs only with -m chaos")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
@@ -409,6 +421,7 @@ class Expect:
     slo_recover_s: float | None = None
     checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
     final_state: bool = False  # compare the final state with a fault-free run's (chaos.baseline)
+    baseline: bool = False  # follow the run step by step against a fault-free run's (state-trajectory)
     deterministic: bool | None = None  # see Expectation; None: what the workload declares
     charge_outcomes: list[dict[str, int]] | None = None  # see Expectation: a node-recovery fault's measured charges
 
@@ -513,13 +526,15 @@ class Chaos:
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
                checkpoint_in_window: bool | None = None, final_state: bool = False,
-               deterministic: bool | None = None, charge_outcomes: list[dict[str, int]] | None = None) -> Expect:
+               deterministic: bool | None = None, charge_outcomes: list[dict[str, int]] | None = None,
+               baseline: bool = False) -> Expect:
         """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
         ``final_state=True`` also compares the run's final state with a fault-free run's;
+        ``baseline=True`` follows the run step by step against a fault-free run's (as --chaos-baseline);
         ``deterministic=True`` makes a state value that does not reproduce a failure;
         ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be seen."""
         return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state,
-                      deterministic, charge_outcomes)
+                      baseline, deterministic, charge_outcomes)
 
     def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
@@ -537,7 +552,8 @@ class Chaos:
         return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
                            slo_detect_s=detect, slo_recover_s=recover,
                            checkpoint_in_window=expect.checkpoint_in_window, charge_outcomes=expect.charge_outcomes,
-                           deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic)
+                           deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
+                           state_rtol=self._opt("chaos_state_rtol"))
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what
@@ -550,11 +566,14 @@ class Chaos:
                          judging=judging)
         self.experiments.append(exp)
         try:
-            if expect.final_state and not self.env.dry_run:  # the fault-free run first, in the same cluster
+            trajectory = expect.baseline or self._opt("chaos_baseline")
+            if (expect.final_state or trajectory) and not self.env.dry_run:  # the fault-free run first, same cluster
                 from chaos.baseline import baseline_for
 
-                expectation.final_state = baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter,
-                                                       judging, refresh=self._opt("chaos_refresh_baselines"))
+                baseline = baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter, judging,
+                                        refresh=self._opt("chaos_refresh_baselines"))
+                expectation.final_state = baseline if expect.final_state else None
+                expectation.trajectory = baseline if trajectory else None
             outcome = exp.run()
         except Aborted as e:
             pytest.skip(f"ABORTED (not failed): {e}")

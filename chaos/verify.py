@@ -47,6 +47,8 @@ DIAGNOSES: tuple[str, ...] = (
     # state-restored, final-state ("state differs": a warning — not declared deterministic)
     "state not restored", "state differs", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
     "unverifiable: no baseline",
+    # state-trajectory (besides state not restored / state differs / no baseline / no state metric)
+    "unverifiable: baseline not reproduced", "unverifiable: no step to compare",
     # within-budget
     "retry budget exhausted", "charged to the wrong budget class", "unexpected number of charged failures",
     "budget not exhausted", "unrelated failure", "unverifiable: no failure-policy record",
@@ -107,10 +109,15 @@ class Expectation:
     # The fault-free run's final state to compare with (final-state verdict; chaos.baseline
     # makes it); None: the suite did not ask for the check.
     final_state: "Baseline | None" = None
+    # The fault-free run to follow step by step (state-trajectory verdict; chaos.baseline makes
+    # it); None: the suite did not ask (chaos.expect(baseline=True), --chaos-baseline).
+    trajectory: "Baseline | None" = None
     # The workload declares that the same state at the same step gives the same metrics: a
     # state value that does not reproduce then fails; without it, it is a warning (a data
     # order or RNG the script does not restore can explain it).
     deterministic: bool = False
+    # How closely a numeric state value must reproduce (--chaos-state-rtol): every state verdict.
+    state_rtol: float = STATE_RTOL
     # A fault whose charge is the platform's (``xid``: Ray sees a rank's CUDA error and then the
     # node's recovery, in a timing-dependent order): the per-class charges measured for it; the
     # one seen must be among them.  None: any charge within the limits.
@@ -574,7 +581,7 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
 
 
 # -- state-restored --------------------------------------------------------------------
-def state_restored(timeline: Timeline, deterministic: bool = True) -> list[Verdict]:
+def state_restored(timeline: Timeline, deterministic: bool = True, rtol: float = STATE_RTOL) -> list[Verdict]:
     """Per restart: a re-done step's state value (e.g. loss) equals the earlier attempt's.
 
     Catches a restore that set the step counter but not the weights.  Only for runs that
@@ -615,10 +622,10 @@ def state_restored(timeline: Timeline, deterministic: bool = True) -> list[Verdi
                     was_attempt, was = seen[(rank, step)]
                     row = {"rank": rank, "step": step, "value": value, "earlier": was, "earlier_attempt": was_attempt}
                     compared.append(row)
-                    if abs(value - was) > STATE_ATOL + STATE_RTOL * abs(was):
+                    if abs(value - was) > STATE_ATOL + rtol * abs(was):
                         mismatched.append(row)
             name = f"state-restored ({label}attempt {attempt})"
-            evidence = {"run_id": run_id, "attempt": attempt, "compared": compared, "rtol": STATE_RTOL,
+            evidence = {"run_id": run_id, "attempt": attempt, "compared": compared, "rtol": rtol,
                         "atol": STATE_ATOL}
             metric = _state_metric_of(events)
             if not compared:
@@ -1006,6 +1013,20 @@ def healed(nodes_ok: bool, nodes_detail: str, armed: list[dict], resources_ok: b
 # Metrics a workload reports to name its whole state (the reference workload's digest of
 # its weights and optimizer), read from the reports' metrics besides the state metric.
 STATE_DIGEST_METRICS = ("state_digest",)
+# The parts of a workload's state a restore can lose, each with what losing it means: a
+# workload that reports digest_<part> of the state each step *began* from (the reference
+# workload does) lets the state-trajectory verdict name the part.  Causes first: the weights
+# follow from every other part, the optimizer's state from the weights and the schedule, so
+# where several differ at once the first of this order is named.
+DIGEST_PARTS = ("data", "rng", "scheduler", "optimizer", "weights")
+PART_CAUSES = {
+    "data": "the data position (sampler, cursor) was not restored",
+    "rng": "the RNG state was not restored",
+    "scheduler": "the LR scheduler's state was not restored",
+    "optimizer": "the optimizer's state (momentum, ...) was not restored",
+    "weights": "the model's weights were not restored",
+}
+TRAJECTORY_METRICS = (*STATE_DIGEST_METRICS, *(f"digest_{p}" for p in DIGEST_PARTS))
 
 
 @dataclasses.dataclass
@@ -1015,6 +1036,8 @@ class Baseline:
 
     key: str
     final: dict[int, dict] = dataclasses.field(default_factory=dict)  # rank -> {"step": s, "state": {metric: value}}
+    # rank -> [[step, {metric: value}], ...] in the order reported (trajectory_of)
+    trajectory: dict[int, list] = dataclasses.field(default_factory=dict)
     job_id: str | None = None
     made_at: str | None = None
     run_name: str | None = None
@@ -1030,43 +1053,66 @@ class Baseline:
         fields = {f.name for f in dataclasses.fields(cls)}
         b = cls(**{k: v for k, v in data.items() if k in fields})
         b.final = {int(rank): v for rank, v in (b.final or {}).items()}
+        b.trajectory = {int(rank): v for rank, v in (b.trajectory or {}).items()}
         return b
 
 
-def final_states(timeline: Timeline) -> dict[int, dict]:
-    """Each rank's last report in the (last) Train run the faults hit: {"step": s, "state": {metric: value}}.
-
-    The state is the recorded state metric (per rank) and, for the rank whose whole metrics
-    the recorder keeps (the report's first rank), the digest metrics and the state metric
-    as reported (a hex hash the recorder's numeric view drops)."""
+def _faulted_run_reports(timeline: Timeline) -> tuple[list[Event], str | None]:
+    """The reports of the (last) Train run the faults hit, and its state metric."""
     hit = faulted_runs(timeline)
     events = dict(runs(timeline)).get(hit[-1]) if hit else None
     if not events:
-        return {}
+        return [], None
     started = next((e for e in events if e.kind == "controller_started"), None)
-    metric = started.data.get("state_metric") if started else None
+    return [e for e in events if e.kind == "report"], started.data.get("state_metric") if started else None
+
+
+def _rank_states(report: Event, metric: str | None, digests: tuple[str, ...]) -> dict[int, tuple[Any, dict]]:
+    """rank -> (step, state) of one report.  The state is the recorded state metric (per rank)
+    and, for the rank whose whole metrics the recorder keeps (the report's first rank), the
+    ``digests`` and the state metric as reported (a hex hash the recorder's numeric view drops)."""
+    kept = next(iter(report.data.get("steps") or {}), None)
+    out = {}
+    for rank, step in steps_of(report).items():
+        state = {}
+        value = (report.data.get("states") or {}).get(str(rank))
+        if metric and value is not None:
+            state[metric] = value
+        if str(rank) == str(kept):
+            reported = report.data.get("metrics") or {}
+            for name in (*([metric] if metric else []), *digests):
+                if name not in state and reported.get(name) is not None:
+                    state[name] = reported[name]
+        out[rank] = (step, state)
+    return out
+
+
+def final_states(timeline: Timeline) -> dict[int, dict]:
+    """Each rank's last report in the (last) Train run the faults hit: {"step": s, "state": {metric: value}}
+    (the state as ``_rank_states`` reads it, with the STATE_DIGEST_METRICS)."""
+    reports, metric = _faulted_run_reports(timeline)
     out: dict[int, dict] = {}
-    for r in (e for e in events if e.kind == "report"):
-        steps = steps_of(r)
-        kept = next(iter(r.data.get("steps") or {}), None)
-        for rank, step in steps.items():
-            state = {}
-            value = (r.data.get("states") or {}).get(str(rank))
-            if metric and value is not None:
-                state[metric] = value
-            if str(rank) == str(kept):
-                reported = r.data.get("metrics") or {}
-                for name in (*([metric] if metric else []), *STATE_DIGEST_METRICS):
-                    if name not in state and reported.get(name) is not None:
-                        state[name] = reported[name]
+    for r in reports:
+        for rank, (step, state) in _rank_states(r, metric, STATE_DIGEST_METRICS).items():
             out[rank] = {"step": step, "state": state}
     return out
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    """Strings (digests) exactly; numbers within the state-restored tolerance."""
+def trajectory_of(timeline: Timeline) -> dict[int, list]:
+    """Each rank's (step, state) at every report of the run the faults hit, in report order
+    (a fault-free run's is the baseline the state-trajectory verdict follows)."""
+    reports, metric = _faulted_run_reports(timeline)
+    out: dict[int, list] = {}
+    for r in reports:
+        for rank, (step, state) in _rank_states(r, metric, TRAJECTORY_METRICS).items():
+            out.setdefault(rank, []).append([step, state])
+    return out
+
+
+def _same_value(a: Any, b: Any, rtol: float = STATE_RTOL) -> bool:
+    """Strings (digests) exactly; numbers within the tolerance."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return abs(a - b) <= STATE_ATOL + STATE_RTOL * abs(b)
+        return abs(a - b) <= STATE_ATOL + rtol * abs(b)
     return a == b
 
 
@@ -1074,7 +1120,7 @@ def _fmt(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
+def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = STATE_RTOL) -> Verdict:
     """The finished run's final state (each rank's step and state at its last report)
     equals a fault-free run's of the same workload and seed: a restart that restored the
     step but not the weights, optimizer, RNG or data order ends somewhere else."""
@@ -1082,7 +1128,7 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
     fin = _faulted_run_event(timeline, "run_finished")
     ended = fin.data.get("state") if fin else None
     mine = final_states(timeline)
-    evidence = {"final": mine, "baseline": baseline.to_json(), "rtol": STATE_RTOL, "atol": STATE_ATOL}
+    evidence = {"final": mine, "baseline": baseline.to_json(), "rtol": rtol, "atol": STATE_ATOL}
     if ended != "FINISHED":
         how = f"it ended {ended}" if ended else "no final controller state was recorded"
         return Verdict(name, "unverifiable", f"unverifiable: the run did not finish ({how}), so it has no final "
@@ -1091,15 +1137,9 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
         return Verdict(name, "unverifiable", "unverifiable: no state metric: the run's reports carry no state value "
                        f"(--chaos-state-metric, or a {' / '.join(STATE_DIGEST_METRICS)} metric), so its final state "
                        "cannot be compared", "unverifiable: no state metric", evidence)
-    if baseline.error:
-        return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: {baseline.error}",
-                       "unverifiable: no baseline", evidence)
-    started = _faulted_run_event(timeline, "controller_started")
-    if started is not None and baseline.run_name and (started.data.get("run_name"), started.data.get(
-            "storage_path")) == (baseline.run_name, baseline.storage_path):
-        return Verdict(name, "unverifiable", f"unverifiable: no baseline could be made: the fault-free run used the "
-                       f"same Train run ({baseline.storage_path}/{baseline.run_name}), so one resumed from the other's "
-                       "checkpoints; give each run of the script its own name", "unverifiable: no baseline", evidence)
+    unusable = _baseline_unusable(timeline, baseline)
+    if unusable:
+        return Verdict(name, "unverifiable", unusable, "unverifiable: no baseline", evidence)
     differ, compared = [], []
     for rank in sorted(set(mine) | set(baseline.final)):
         got, want = mine.get(rank), baseline.final.get(rank)
@@ -1112,14 +1152,13 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
         if got["step"] != want["step"]:
             differ.append(f"rank {rank} finished at step {got['step']}, the baseline at step {want['step']}")
             continue
-        bad = [m for m in common if not _same_value(got["state"][m], want["state"][m])]
+        bad = [m for m in common if not _same_value(got["state"][m], want["state"][m], rtol)]
         if bad:
             differ.append(f"rank {rank} at step {got['step']}: " + ", ".join(
                 f"{m} {_fmt(got['state'][m])} but {_fmt(want['state'][m])} in the baseline" for m in bad))
         elif common:
             compared.append(f"rank {rank} at step {got['step']} ({values})")
-    origin = (f"fault-free baseline job {baseline.job_id} of {baseline.made_at}"
-              + (", cached" if baseline.cached else ""))
+    origin = _origin(baseline)
     if differ:
         return Verdict(name, "fail", "final state differs from the fault-free run's: " + "; ".join(differ)
                        + f" ({origin})", "final state differs", evidence)
@@ -1128,6 +1167,108 @@ def final_state_matches(timeline: Timeline, baseline: Baseline) -> Verdict:
                        "state metric in common", "unverifiable: no state metric", evidence)
     return Verdict(name, "pass", "every rank ended in the fault-free run's state: " + "; ".join(compared)
                    + f" ({origin})", None, evidence)
+
+
+def _baseline_unusable(timeline: Timeline, baseline: Baseline) -> str | None:
+    """Why ``baseline`` cannot be compared with this run (no baseline made, or one that shared
+    the run's Train run and so resumed from its checkpoints or gave it its own), else None."""
+    if baseline.error:
+        return f"unverifiable: no baseline could be made: {baseline.error}"
+    started = _faulted_run_event(timeline, "controller_started")
+    if started is not None and baseline.run_name and (started.data.get("run_name"), started.data.get(
+            "storage_path")) == (baseline.run_name, baseline.storage_path):
+        return (f"unverifiable: no baseline could be made: the fault-free run used the same Train run "
+                f"({baseline.storage_path}/{baseline.run_name}), so one resumed from the other's checkpoints; give "
+                "each run of the script its own name")
+    return None
+
+
+def _origin(baseline: Baseline) -> str:
+    return f"fault-free baseline job {baseline.job_id} of {baseline.made_at}" + (", cached" if baseline.cached else "")
+
+
+# -- state-trajectory ------------------------------------------------------------------
+def state_trajectory(timeline: Timeline, baseline: Baseline, deterministic: bool = True,
+                     rtol: float = STATE_RTOL) -> Verdict:
+    """Every report of the run the faults hit, step by step and rank by rank, reproduces the
+    fault-free run's state at the same step (the state metric within ``rtol``, digests
+    exactly).  A restore that brought the step back but not the optimizer, scheduler, RNG or
+    data position leaves the trajectory at the first step that depends on the lost part —
+    a step the state-restored verdict (re-done steps only) never sees.  A run that left the
+    baseline *before* any fault does not reproduce it at all: unverifiable, not judged."""
+    name = "state-trajectory"
+    reports, metric = _faulted_run_reports(timeline)
+    fault = timeline.first("fault_injected")
+    base = {rank: {_step_key(step): state for step, state in rows} for rank, rows in baseline.trajectory.items()}
+    first_attempt = min((r.attempt for r in reports), default=0)
+    compared, first_off, off_before = [], None, None
+    for r in reports:
+        for rank, (step, state) in _rank_states(r, metric, TRAJECTORY_METRICS).items():
+            want = base.get(rank, {}).get(_step_key(step))
+            common = sorted(set(state) & set(want or {}))
+            if not common:
+                continue
+            bad = [m for m in common if not _same_value(state[m], want[m], rtol)]
+            row = {"attempt": r.attempt, "rank": rank, "step": step, "metrics": common, "differ": bad,
+                   "got": {m: state[m] for m in bad}, "baseline": {m: want[m] for m in bad},
+                   "after_fault": fault is not None and r.t >= fault.t}
+            compared.append(row)
+            if bad and not row["after_fault"] and off_before is None:
+                off_before = row
+            if bad and row["after_fault"] and first_off is None:
+                first_off = row
+    evidence = {"baseline_key": baseline.key, "rtol": rtol, "atol": STATE_ATOL, "compared": len(compared),
+                "first_divergence": first_off, "before_the_fault": off_before}
+    unusable = _baseline_unusable(timeline, baseline)
+    if unusable:
+        return Verdict(name, "unverifiable", unusable, "unverifiable: no baseline", evidence)
+    if not any(state for r in reports for _, state in _rank_states(r, metric, TRAJECTORY_METRICS).values()):
+        return Verdict(name, "unverifiable", "unverifiable: no state metric: the run's reports carry no state value "
+                       "(--chaos-state-metric, or digest_<part> metrics), so its trajectory cannot be followed",
+                       "unverifiable: no state metric", evidence)
+    if off_before is not None:
+        return Verdict(name, "unverifiable", f"unverifiable: baseline not reproduced: {_divergence(off_before)} "
+                       f"before any fault was injected, so the workload does not reproduce its fault-free run at rtol "
+                       f"{rtol:g} and nothing after the fault can be blamed on the restore (seed every source of "
+                       "randomness, or allow more with --chaos-state-rtol)", "unverifiable: baseline not reproduced",
+                       evidence)
+    restarted = [c for c in compared if c["attempt"] > first_attempt]
+    if first_off is None and not restarted:
+        if not any(r.attempt > first_attempt for r in reports):
+            return Verdict(name, "n/a", "not checked: no attempt after the first reported, so no restored state "
+                           "to follow", None, evidence)
+        return Verdict(name, "unverifiable", "unverifiable: no step to compare: the restarted attempts reported no "
+                       f"step the fault-free run reported with a state value ({_origin(baseline)})",
+                       "unverifiable: no step to compare", evidence)
+    if first_off is not None:
+        what = f"{_divergence(first_off)} ({_origin(baseline)})"
+        parts = [p for p in DIGEST_PARTS if f"digest_{p}" in first_off["differ"]]
+        why = (PART_CAUSES[parts[0]] + (f" (digest_{parts[0]} differs" + (
+            f"; so does {', '.join('digest_' + p for p in parts[1:])}" if parts[1:] else "") + ")")
+            if parts else "usually the optimizer's or LR scheduler's state, the RNG or the data position was not "
+            "restored")
+        if deterministic:
+            return Verdict(name, "fail", f"state not restored: {what}: {why}", "state not restored", evidence)
+        return Verdict(name, "warning", f"state differs: {what}: {why} — a warning, not a failure: the workload is "
+                       f"not declared deterministic ({DETERMINISM_HINT})", "state differs", evidence)
+    steps = sorted({c["step"] for c in restarted})
+    metrics = sorted({m for c in restarted for m in c["metrics"]})
+    return Verdict(name, "pass", f"{len(restarted)} report(s) of the restarted attempt(s) at steps {_fmt(steps[0])}.."
+                   f"{_fmt(steps[-1])} followed the fault-free trajectory ({', '.join(metrics)}; rtol {rtol:g}; "
+                   f"{_origin(baseline)})", None, evidence)
+
+
+def _step_key(step: Any) -> Any:
+    """A step as a lookup key: a float step equal to an integer is that integer; fractional
+    steps are rounded to 6 places (JSON round-trips and epoch fractions)."""
+    if isinstance(step, float):
+        return int(step) if step.is_integer() else round(step, 6)
+    return step
+
+
+def _divergence(row: dict) -> str:
+    values = ", ".join(f"{m} {_fmt(row['got'][m])} but {_fmt(row['baseline'][m])} in the baseline" for m in row["differ"])
+    return f"step {_fmt(row['step'])} (attempt {row['attempt']}, rank {row['rank']}) left the fault-free trajectory: {values}"
 
 
 # -- automatic node recovery (xid) -----------------------------------------------------------
@@ -1264,12 +1405,14 @@ def _on_cadence(step: Any, last: Any, cadence: Any) -> bool:
 def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True) -> list[Verdict]:
     """Every verdict; for a run stopped because it stalled (``finished=False``), only the
     restarts it made — the stall itself is the finding about how it ended."""
-    final = [final_state_matches(timeline, expect.final_state)] if expect.final_state is not None else []
-    det = expect.deterministic
+    det, rtol = expect.deterministic, expect.state_rtol
+    final = [final_state_matches(timeline, expect.final_state, rtol)] if expect.final_state is not None else []
+    if expect.trajectory is not None:
+        final.insert(0, state_trajectory(timeline, expect.trajectory, det, rtol))
     if not finished:
-        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), *node_recovery_chain(timeline),
-                *final]
-    return [*resumed_from_latest(timeline, det), *state_restored(timeline, det), within_budget(timeline, expect),
+        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det, rtol),
+                *node_recovery_chain(timeline), *final]
+    return [*resumed_from_latest(timeline, det), *state_restored(timeline, det, rtol), within_budget(timeline, expect),
             *recovery_time(timeline, expect), *preemption_window(timeline, expect), *node_recovery_chain(timeline),
             run_finished(timeline, expect), *final]
 

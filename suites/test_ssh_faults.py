@@ -119,8 +119,12 @@ def test_rank_kill_then_partition_over_ssh(chaos, hosts):
         faults.append((AfterCheckpoint(4), Partition(rank=1)))
     else:
         warnings.warn("no host console (a partition is healed out of band): the rank kill only")
-    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5), faults=faults)
+    # baseline=True: both restarts followed step by step against a fault-free run (state-trajectory).
+    outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5), faults=faults,
+                        expect=chaos.expect(baseline=True))
     outcome.assert_verdicts()
+    trajectory = outcome.verdict("state-trajectory")
+    assert trajectory.status == "pass", trajectory.line()
     killed = outcome.injections[0]
     assert pid_state(killed, killed.target.pid) == "gone", (
         f"rank 1's PID {killed.target.pid} still runs on {killed.host.name or killed.host.key} after SIGKILL")

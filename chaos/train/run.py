@@ -51,11 +51,16 @@ class RunSpec:
 def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_every: int = 5,
                    step_time: float = 0.3, num_workers: int = 2, max_failures: int = 3,
                    max_preemption_failures: int = -1, device: str = "cpu", seed: int = 0,
-                   checkpoint_on_preemption: bool = False) -> RunSpec:
+                   checkpoint_on_preemption: bool = False, forget: tuple[str, ...] = ()) -> RunSpec:
+    """``forget``: the buggy twins, a restore that leaves these parts of the state fresh
+    (reference.PARTS)."""
     params = dict(steps=steps, checkpoint_every=checkpoint_every, step_time=step_time, num_workers=num_workers,
                   max_failures=max_failures, max_preemption_failures=max_preemption_failures, device=device,
                   seed=seed, checkpoint_on_preemption=int(checkpoint_on_preemption))
     args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in params.items())
+    args += "".join(f" --forget {shlex.quote(part)}" for part in forget)
+    if forget:
+        params["forget"] = list(forget)
     entry = (f"{shlex.quote(sys.executable)} -m chaos.train.workloads.reference {args} "
              f"--storage-path {shlex.quote(storage_path)} --name {shlex.quote(name)}")
     return RunSpec(entrypoint=entry, name=name, step_metric="step", state_metric="loss", deterministic=True,

@@ -255,7 +255,7 @@ USER = user_spec("python train.py", "t-1", working_dir="/tmp")
 
 
 def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
-    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover}
+    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": 1e-4}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
     request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
     return Chaos(env, request)

@@ -1,11 +1,17 @@
 """The reference workload: a small deterministic DDP model under Ray Train V2.
 
 Written like a careful user's script: it resumes from ``ray.train.get_checkpoint()``,
-reports a ``step`` metric every step (with ``state_digest``, a digest of the weights and the
-optimizer's state after the step, for the final-state verdict), and commits a checkpoint every
-``--checkpoint-every`` steps from rank 0 — and, with ``--checkpoint-on-preemption 1``, at
-once when ``ray.train.get_preemption_info()`` says a node is being preempted.  Step s's checkpoint holds the state after
-step s, so a correct resume reports step s + 1 first.
+reports a ``step`` metric every step, and commits a checkpoint every ``--checkpoint-every``
+steps from rank 0 — and, with ``--checkpoint-on-preemption 1``, at once when
+``ray.train.get_preemption_info()`` says a node is being preempted.  Step s's checkpoint
+holds the state after step s, so a correct resume reports step s + 1 first.
+
+Its state has every part a real restore can lose (``TrainState``): the weights, an optimizer
+with momentum, an LR scheduler, an RNG (input noise) and a data cursor through a shuffled
+dataset.  Each report carries ``state_digest`` (weights and optimizer after the step, for the
+final-state verdict) and ``digest_<part>`` of the state the step *began* from, so the
+trajectory verdict can name the part a restore lost.  ``--forget PART`` is the buggy twin:
+a restore that leaves that part fresh.
 
 ``--device stub-cuda`` makes every training step also go through the CUDA driver API
 (via chaos.shim.driver_client, the way libcudart does), so the CUDA fault shim can
@@ -43,22 +49,114 @@ def state_digest(model, optimizer) -> str:
     optimizer's state (tensors and hyper-parameters): equal only when two runs' models are
     bit-identical, so a restart that restored the step but not the weights or the
     optimizer shows in the final state (chaos.verify.final_state_matches)."""
+    return _digest(*_tensor_chunks(model.state_dict()), *_optimizer_chunks(optimizer))
+
+
+# The parts of the state a restore must bring back, in the order a trajectory verdict names
+# them (chaos.verify.DIGEST_PARTS); the reference workload reports digest_<part> for each.
+PARTS = ("data", "rng", "scheduler", "optimizer", "weights")
+POOL = 1024  # samples in the dataset the data cursor walks through, reshuffled every pass
+BATCH = 64  # samples per rank per step
+
+
+def _digest(*chunks: bytes) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()[:16]
+
+
+class TrainState:
+    """Model, optimizer (SGD with momentum), LR scheduler, RNG and data cursor: the same on
+    every rank (DDP keeps the weights equal, the RNG and cursor advance alike), so rank 0's
+    checkpoint restores every rank."""
+
+    def __init__(self, seed: int, world_size: int, total_steps: int):
+        import torch
+
+        torch.manual_seed(seed)
+        self.seed, self.world_size = seed, world_size
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        # One cycle: its learning rate (and momentum) follow the scheduler's own step count,
+        # so a scheduler that was not restored starts the cycle over.
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=0.02, total_steps=total_steps)
+        self.rng = torch.Generator().manual_seed(seed * 7919 + 1)
+        self.cursor = 0  # samples of the stream consumed by all ranks together
+        self.pool = torch.randn(POOL, 16, generator=torch.Generator().manual_seed(seed * 7919 + 2))
+        self._orders: dict[int, object] = {}
+
+    def _order(self, epoch: int):
+        import torch
+
+        if epoch not in self._orders:
+            self._orders = {epoch: torch.randperm(POOL, generator=torch.Generator().manual_seed(
+                self.seed * 7919 + 3 + epoch))} | {e: o for e, o in self._orders.items() if e == epoch - 1}
+        return self._orders[epoch]
+
+    def batch(self, rank: int):
+        """This rank's inputs and targets at the cursor, with noise from the RNG."""
+        import torch
+
+        first = self.cursor + rank * BATCH
+        rows = [int(self._order(pos // POOL)[pos % POOL]) for pos in range(first, first + BATCH)]
+        x = self.pool[rows] + 0.01 * torch.randn(BATCH, 16, generator=self.rng)
+        return x, x.sum(dim=1, keepdim=True)
+
+    def advance(self) -> None:
+        """After the optimizer's step: the scheduler's step and the cursor past every rank's batch."""
+        self.scheduler.step()
+        self.cursor += BATCH * self.world_size
+
+    def digests(self) -> dict[str, str]:
+        """``digest_<part>`` of each part as it is now."""
+        return {"digest_weights": _digest(*_tensor_chunks(self.model.state_dict())),
+                "digest_optimizer": _digest(*_optimizer_chunks(self.optimizer)),
+                "digest_scheduler": _digest(repr(sorted(self.scheduler.state_dict().items())).encode()),
+                "digest_rng": _digest(_bytes(self.rng.get_state())),
+                "digest_data": _digest(f"{self.seed}:{self.cursor}".encode())}
+
+    def to_checkpoint(self, step: int) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": self.rng.get_state(), "cursor": self.cursor,
+                "step": step}
+
+    def restore(self, saved: dict, forget: tuple[str, ...] = ()) -> int:
+        """Load ``saved`` but the parts in ``forget`` (the buggy twins); returns its step."""
+        if "weights" not in forget:
+            self.model.load_state_dict(saved["model"])
+        if "optimizer" not in forget:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        if "scheduler" not in forget:
+            self.scheduler.load_state_dict(saved["scheduler"])
+        if "rng" not in forget:
+            self.rng.set_state(saved["rng"])
+        if "data" not in forget:
+            self.cursor = int(saved["cursor"])
+        return int(saved["step"])
+
+
+def _bytes(t) -> bytes:
     import torch
 
-    def tensor_bytes(t: torch.Tensor) -> bytes:
-        return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(tensor_bytes(t))
+
+def _tensor_chunks(state: dict):
+    for name, t in state.items():
+        yield f"{name}:{t.dtype}:{tuple(t.shape)}".encode()
+        yield _bytes(t)
+
+
+def _optimizer_chunks(optimizer):
+    import torch
+
     opt = optimizer.state_dict()
     for index, state in sorted(opt["state"].items()):
         for key, value in sorted(state.items()):
-            h.update(f"{index}.{key}".encode())
-            h.update(tensor_bytes(value) if torch.is_tensor(value) else repr(value).encode())
-    h.update(repr(opt["param_groups"]).encode())
-    return h.hexdigest()[:16]
+            yield f"{index}.{key}".encode()
+            yield _bytes(value) if torch.is_tensor(value) else repr(value).encode()
+    yield repr(opt["param_groups"]).encode()
 
 
 def train_loop(config: dict) -> None:
@@ -70,18 +168,14 @@ def train_loop(config: dict) -> None:
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
-    torch.manual_seed(config["seed"])
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = TrainState(config["seed"], ctx.get_world_size(), config["steps"])
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-    model = ray.train.torch.prepare_model(model)  # moves it to this worker's GPU when there is one
+            saved = torch.load(os.path.join(d, "state.pt"), weights_only=True)
+        start = state.restore(saved, tuple(config["forget"]))
+    model = ray.train.torch.prepare_model(state.model)  # moves it to this worker's GPU when there is one
     device = ray.train.torch.get_device()
 
     driver = None
@@ -92,19 +186,18 @@ def train_loop(config: dict) -> None:
 
     noticed = False  # a preemption notice was answered with a just-in-time checkpoint
     for step in range(start + 1, config["steps"] + 1):
-        gen = torch.Generator().manual_seed(config["seed"] * 1_000_003 + step * 1000 + rank)
-        x = torch.randn(64, 16, generator=gen).to(device)
-        y = x.sum(dim=1, keepdim=True)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
+        began = state.digests()
+        x, y = state.batch(rank)
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        state.optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
+        state.optimizer.step()
+        state.advance()
         if driver is not None:
             _device_step(driver)
         time.sleep(config["step_time"])  # stands in for the rest of a real step's compute
-        inner = model.module if hasattr(model, "module") else model
         metrics = {"step": step, "loss": float(loss.item()), "worker_time": time.time(),
-                   "state_digest": state_digest(inner, optimizer)}
+                   "state_digest": state_digest(state.model, state.optimizer), **began}
         # Every rank asks (the call is a barrier that agrees on one answer across ranks).
         jit = config["checkpoint_on_preemption"] and not noticed and ray.train.get_preemption_info() is not None
         if jit:
@@ -112,8 +205,7 @@ def train_loop(config: dict) -> None:
             print(f"rank {rank}: preemption notice at step {step}: checkpointing now", flush=True)
         if (jit or step % config["checkpoint_every"] == 0) and rank == 0:
             with tempfile.TemporaryDirectory() as d:
-                torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                           os.path.join(d, "state.pt"))
+                torch.save(state.to_checkpoint(step), os.path.join(d, "state.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
         else:
             ray.train.report(metrics)
@@ -133,6 +225,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="model init and data (the run is deterministic per seed)")
     p.add_argument("--checkpoint-on-preemption", type=int, choices=[0, 1], default=0,
                    help="1: checkpoint at once when Train says a node is being preempted")
+    p.add_argument("--forget", action="append", choices=PARTS, default=[],
+                   help="a buggy restore that leaves this part of the state fresh (repeatable)")
     args = p.parse_args(argv)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -147,7 +241,8 @@ def main(argv=None) -> None:
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
                            "step_time": args.step_time, "device": args.device, "seed": args.seed,
-                           "checkpoint_on_preemption": bool(args.checkpoint_on_preemption)},
+                           "checkpoint_on_preemption": bool(args.checkpoint_on_preemption),
+                           "forget": args.forget},
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda"),
         torch_config=torch_config,
         run_config=RunConfig(
