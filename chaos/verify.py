@@ -56,6 +56,7 @@ DIAGNOSES: tuple[str, ...] = (
     "recovery too slow", "inconclusive", "unverifiable: no report after the fault",
     # preemption-window
     "no just-in-time checkpoint", "checkpoint inside the preemption window", "unverifiable: no checkpoint cadence",
+    "unverifiable: no persist record",
     # node-agent, node-recovered (an xid fault's automatic node recovery chain)
     "node agent never acted", "node agent too slow", "node not recovered", "node recovery too slow",
     "unverifiable: no node agent evidence", "charge not among the measured outcomes",
@@ -143,9 +144,17 @@ class _RankJudgement:
 class _RunReports:
     """One run's reports, with the per-rank views the resume rule needs."""
 
-    def __init__(self, events: list[Event], deterministic: bool = True):
+    def __init__(self, events: list[Event], deterministic: bool = True, baseline: "Baseline | None" = None):
         self.deterministic = deterministic
+        # The fault-free run's state value per (rank, step), where the suite made one: what a
+        # trained step must reproduce when no earlier attempt reported it.
+        started = next((e for e in events if e.kind == "controller_started"), None)
+        metric = started.data.get("state_metric") if started else None
+        self.baseline_values = {(rank, _step_key(step)): state[metric]
+                                for rank, rows in (baseline.trajectory if baseline else {}).items()
+                                for step, state in rows if metric and isinstance(state.get(metric), (int, float))}
         self.reports = [e for e in events if e.kind == "report"]
+        self.persisted = [e for e in events if e.kind == "checkpoint_persisted"]
         self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"})
         self.stepped = [r for r in self.reports if steps_of(r)]
 
@@ -208,6 +217,14 @@ class _RunReports:
             if r.data.get("checkpoint") and step is not None and _in(step, done):
                 return step
         return None
+
+    def uncommitted_before(self, attempt: int) -> list[Event]:
+        """Checkpoints a rank persisted to storage in an attempt before ``attempt`` that Ray never
+        committed (a fault came before every rank had reported them): Train V2 writes each
+        rank's checkpoint folder first, so a script that scans storage can load one."""
+        committed = {r.data.get("checkpoint") for r in self.reports if r.data.get("checkpoint")}
+        return [p for p in self.persisted if p.attempt < attempt and p.data.get("checkpoint") not in committed
+                and p.data.get("step") is not None]
 
     def value_at(self, rank: int, step: Any, attempts: Callable[[int], bool]) -> tuple[int, float] | None:
         """(attempt, state value) of the first report of ``rank`` at ``step`` in an attempt
@@ -295,6 +312,16 @@ def _judge_rank(run: _RunReports, rank: int, got, commits: list[Event], first_st
            "resumed from an older checkpoint": f"that follows checkpoint step {older[-1] if older else '?'}",
            "resumed past the checkpoint": f"steps {nxt}..{got} were skipped",
            "resumed at an unexpected step": f"expected {nxt}"}[diagnosis]
+    if diagnosis == "resumed past the checkpoint":
+        stride = nxt - ck
+        loaded = [p for p in run.uncommitted_before(attempt)
+                  if ck < p.data["step"] < got and got - p.data["step"] <= stride + STEP_TOL]
+        if loaded:
+            p = loaded[-1]
+            why += (f": it follows step {p.data['step']}, whose checkpoint rank {p.data['rank']} had written to "
+                    f"storage in attempt {p.attempt} ({p.data['checkpoint']}) but Ray never committed (the fault came "
+                    f"before every rank reported it; the latest committed checkpoint is step {ck}) — the script "
+                    "loaded a checkpoint from storage instead of ray.train.get_checkpoint()")
     return _RankJudgement(rank, got, "fail", diagnosis, nxt, ck, rule, why)
 
 
@@ -315,21 +342,26 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
                               f"steps {got}..{again} were trained again: step {again} had been committed before")
     trained = run.trained_after(attempt, rank, ck)
     earlier = run.value_at(rank, trained, lambda a: a < attempt) if trained is not None else None
+    if earlier is None and (rank, _step_key(trained)) in run.baseline_values:
+        earlier = ("the fault-free baseline", run.baseline_values[(rank, _step_key(trained))])
     now = run.value_at(rank, trained, lambda a: a == attempt) if trained is not None else None
     rule = (f"a first report at checkpoint step {ck} is judged by the first trained step after it "
-            f"({trained if trained is not None else 'none reported'}) against an earlier attempt's value")
+            f"({trained if trained is not None else 'none reported'}) against an earlier attempt's value, or "
+            "the fault-free baseline's")
     if earlier is None or now is None:
         missing = ("the attempt reported no step after it" if trained is None else
                    f"no state value at step {trained} in attempt {attempt}" if now is None else
-                   f"no earlier attempt reported step {trained} with a state value")
+                   f"no earlier attempt (nor a fault-free baseline) reported step {trained} with a state value")
         return _RankJudgement(rank, got, "unverifiable", "unverifiable: resumed at the checkpoint's own step", nxt,
                               ck, rule, f"attempt {attempt} first reported step {ck}, the checkpoint's own step: an "
                               f"evaluation after loading it, or step {ck} trained again — {missing} to tell which "
                               "(report the training loss, or --chaos-state-metric NAME, and let the fault land "
-                              "after the step that follows a checkpoint is reported)")
+                              "after the step that follows a checkpoint is reported, or compare with a fault-free "
+                              "run: --chaos-baseline)")
     (was_attempt, was), (_, value) = earlier, now
+    where = f"attempt {was_attempt}" if isinstance(was_attempt, int) else was_attempt
     if not _reproduces(value, was):
-        why = (f"step {trained} gave {value:.6g} in attempt {attempt} but {was:.6g} in attempt {was_attempt}: "
+        why = (f"step {trained} gave {value:.6g} in attempt {attempt} but {was:.6g} in {where}: "
                f"step {ck} was trained again, or the state was not restored")
         if run.deterministic:
             return _RankJudgement(rank, got, "fail", "state not restored", nxt, ck, rule, why)
@@ -338,19 +370,24 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
     return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g}")
 
 
-def resumed_from_latest(timeline: Timeline, deterministic: bool = True) -> list[Verdict]:
-    """One verdict per restart per run: did every rank resume right after the latest checkpoint?"""
+def resumed_from_latest(timeline: Timeline, deterministic: bool = True,
+                        baseline: "Baseline | None" = None) -> list[Verdict]:
+    """One verdict per restart per run: did every rank resume right after the latest checkpoint?
+    ``baseline``: a fault-free run of the run the faults hit, whose values decide a resume at a
+    checkpoint's own step when no earlier attempt reported the step after it."""
     all_runs = runs(timeline)
+    hit = faulted_runs(timeline)
     verdicts = []
     for i, (run_id, events) in enumerate(all_runs, 1):
         label = f"run {i}, " if len(all_runs) > 1 else ""
-        verdicts.extend(_resumes_of_run(timeline, run_id, events, label, deterministic))
+        verdicts.extend(_resumes_of_run(timeline, run_id, events, label, deterministic,
+                                        baseline if hit and run_id == hit[-1] else None))
     return verdicts
 
 
 def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label: str,
-                    deterministic: bool = True) -> list[Verdict]:
-    run = _RunReports(events, deterministic)
+                    deterministic: bool = True, baseline: "Baseline | None" = None) -> list[Verdict]:
+    run = _RunReports(events, deterministic, baseline)
     if len(run.attempts) < 2:
         return []
     started = next((e for e in events if e.kind == "controller_started"), None)
@@ -1364,9 +1401,31 @@ def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
                          for s in steps_of(r).values()})
         cadence = _cadence(before)
         periodic = [s for s in steps if cadence is not None and _on_cadence(s, before[-1], cadence)]
-        evidence.update(periodic_checkpoint_steps=before, cadence=cadence, on_cadence=periodic)
+        # When each committed checkpoint reached storage: a rank's report with it in a poll (the
+        # rank persisted it); one persisted before the notice was not made because of it.
+        persisted = {r.data["checkpoint"]: min((p.t for p in timeline.of("checkpoint_persisted")
+                                                if p.data.get("checkpoint") == r.data["checkpoint"]), default=None)
+                     for r in commits}
+        early = {s for r in commits for s in steps_of(r).values()
+                 if persisted[r.data["checkpoint"]] is not None and persisted[r.data["checkpoint"]] < notice.t}
+        evidence.update(periodic_checkpoint_steps=before, cadence=cadence, on_cadence=periodic,
+                        persisted_at_s={str(k): (round(v - notice.t, 3) if v is not None else None)
+                                        for k, v in persisted.items()}, persisted_before_notice=sorted(early))
+        explained = set(periodic) | early
         if want is None:
             out.append(Verdict(name, "n/a", f"{when}; {inside} (not required either way)", evidence=evidence))
+        elif want and commits and any(v is None for v in persisted.values()) and not explained >= set(steps):
+            out.append(Verdict(name, "unverifiable", f"unverifiable: no persist record: {inside}, but the recorder saw "
+                               "no rank persist it, so nothing tells whether it was written before or after the "
+                               f"notice ({when})", "unverifiable: no persist record", evidence))
+        elif want and commits and early and explained >= set(steps):
+            first = min(early)
+            r = next(r for r in commits if first in steps_of(r).values())
+            out.append(Verdict(name, "fail", f"no just-in-time checkpoint: {inside}, but the checkpoint at step "
+                               f"{first} was already on storage {notice.t - persisted[r.data['checkpoint']]:.1f} s "
+                               "before the notice (a rank persisted it then; Ray committed it once every rank had "
+                               f"reported), so the notice did not cause it ({when})", "no just-in-time checkpoint",
+                               evidence))
         elif want and commits and cadence is None:
             out.append(Verdict(name, "unverifiable", f"unverifiable: {inside}, but no checkpoint was committed before "
                                "the notice, so nothing tells a periodic checkpoint from one made because of the notice "
@@ -1409,10 +1468,10 @@ def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True)
     final = [final_state_matches(timeline, expect.final_state, rtol)] if expect.final_state is not None else []
     if expect.trajectory is not None:
         final.insert(0, state_trajectory(timeline, expect.trajectory, det, rtol))
+    resumed = resumed_from_latest(timeline, det, expect.trajectory)
     if not finished:
-        return [*resumed_from_latest(timeline, det), *state_restored(timeline, det, rtol),
-                *node_recovery_chain(timeline), *final]
-    return [*resumed_from_latest(timeline, det), *state_restored(timeline, det, rtol), within_budget(timeline, expect),
+        return [*resumed, *state_restored(timeline, det, rtol), *node_recovery_chain(timeline), *final]
+    return [*resumed, *state_restored(timeline, det, rtol), within_budget(timeline, expect),
             *recovery_time(timeline, expect), *preemption_window(timeline, expect), *node_recovery_chain(timeline),
             run_finished(timeline, expect), *final]
 

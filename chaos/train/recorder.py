@@ -152,6 +152,14 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         errors = worker_group_status.errors
         if errors:  # every poll tick calls this; only the ones with errors are facts worth taping
             self._take("poll_errors", errors={str(rank): f"{type(e).__name__}: {e}"[:2000] for rank, e in errors.items()})
+        # A rank's report reaches the controller in one poll, after the rank persisted its
+        # checkpoint to storage and before Ray commits it (when every rank has reported).
+        persisted = {str(rank): {"checkpoint": status.training_report.checkpoint.path,
+                                 "metrics": dict(status.training_report.metrics or {})}
+                     for rank, status in worker_group_status.worker_statuses.items()
+                     if status.training_report is not None and status.training_report.checkpoint is not None}
+        if persisted:
+            self._take("poll_checkpoints", reports=persisted)
 
     # -- report hook -------------------------------------------------------------
     def after_report(self, training_report, metrics) -> None:

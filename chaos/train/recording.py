@@ -15,6 +15,8 @@ Facts per hook (``t``: the controller's clock when the hook ran):
   controller_finished error (str or None)
   worker_group_started workers[{rank, local_rank, node_id, node_ip, hostname, pid}]
   poll_errors         errors{rank: "Type: message"} (only polls that carried errors)
+  poll_checkpoints    reports{rank: {checkpoint (path), metrics}} (only polls where a rank's report
+                      carried a checkpoint: persisted by that rank, not yet committed)
   reported            checkpoint (path or None), metrics [one dict per rank, in worker order]
 """
 
@@ -154,6 +156,14 @@ class Recording:
         if f["errors"] and self.errors_reported_for != self.attempt:
             self.errors_reported_for = self.attempt
             self._emit(t, "worker_error", attempt=self.attempt, errors=dict(f["errors"]))
+
+    def _poll_checkpoints(self, t: float, f: dict) -> None:
+        """``checkpoint_persisted`` per rank: the rank wrote this checkpoint to storage (its report
+        reached the controller); Ray commits it only once every rank has reported, so a fault in
+        between leaves a checkpoint on storage that Ray never committed."""
+        for rank, r in f["reports"].items():
+            self._emit(t, "checkpoint_persisted", attempt=self.attempt, rank=int(rank),
+                       step=as_number(self._step_of(r["metrics"] or {})), checkpoint=r["checkpoint"])
 
     # -- reports -----------------------------------------------------------------
     def _step_of(self, metrics: dict) -> Any:

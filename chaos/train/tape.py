@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from chaos.train.recording import Recording
 
@@ -53,16 +53,22 @@ def _decode_value(value: Any) -> Any:
     return value
 
 
-def encode(hook: str, facts: dict) -> dict:
+def _per_value(facts: dict, hook: str, code: Callable[[Any], Any]) -> dict:
+    """``facts`` with every reported metric value passed through ``code``."""
     if hook == "reported":
-        facts = {**facts, "metrics": [{k: _encode_value(v) for k, v in (m or {}).items()} for m in facts["metrics"]]}
+        return {**facts, "metrics": [{k: code(v) for k, v in (m or {}).items()} for m in facts["metrics"]]}
+    if hook == "poll_checkpoints":
+        return {"reports": {rank: {**r, "metrics": {k: code(v) for k, v in (r["metrics"] or {}).items()}}
+                            for rank, r in facts["reports"].items()}}
     return facts
+
+
+def encode(hook: str, facts: dict) -> dict:
+    return _per_value(facts, hook, _encode_value)
 
 
 def decode(hook: str, facts: dict) -> dict:
-    if hook == "reported":
-        facts = {**facts, "metrics": [{k: _decode_value(v) for k, v in (m or {}).items()} for m in facts["metrics"]]}
-    return facts
+    return _per_value(facts, hook, _decode_value)
 
 
 class TapeWriter:

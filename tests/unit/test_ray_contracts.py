@@ -8,6 +8,7 @@ pinned here against the installed Ray.
 import dataclasses
 import inspect
 import logging
+import types
 from pathlib import Path
 
 import ray
@@ -15,7 +16,8 @@ from ray.train.v2._internal.execution import callback as cb
 from ray.train.v2._internal.execution.context import DistributedContext, TrainRunContext
 from ray.train.v2._internal.execution.controller.state import FinishedState, RunningState
 from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
-from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus
+from ray.train.v2._internal.execution.training_report import _TrainingReport
+from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
 from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
@@ -137,6 +139,21 @@ def test_train_run_context_has_a_run_id_and_reports_have_per_worker_metrics():
     assert "run_id" in {f.name for f in dataclasses.fields(TrainRunContext)}
     params = inspect.signature(cb.ReportCallback.after_report).parameters
     assert list(params) == ["self", "training_report", "metrics"]
+
+
+def test_a_poll_carries_each_ranks_report_with_its_persisted_checkpoint():
+    """The recorder's checkpoint_persisted events: a rank's report (checkpoint and metrics)
+    in the poll status, before Ray consolidates every rank's into one commit."""
+    status = WorkerGroupPollStatus(worker_statuses={
+        0: WorkerStatus(running=True, training_report=_TrainingReport(
+            checkpoint=types.SimpleNamespace(path="/s/checkpoint_1"), metrics={"step": 5}, validation=False)),
+        1: WorkerStatus(running=True)})
+    taken = []
+    rec = recorder.Recorder()
+    rec._take = lambda hook, **facts: taken.append((hook, facts))
+    rec.after_worker_group_poll_status(status)
+    assert taken == [("poll_checkpoints", {"reports": {"0": {"checkpoint": "/s/checkpoint_1",
+                                                             "metrics": {"step": 5}}}})]
 
 
 def test_train_reads_the_poll_intervals_the_harness_sets():

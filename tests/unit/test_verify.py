@@ -48,6 +48,21 @@ def test_resume_past_the_checkpoint_is_diagnosed_as_skipped_data():
     assert "steps 11..14 were skipped" in v.message
 
 
+def test_a_resume_from_a_checkpoint_ray_never_committed_is_named():
+    # Rank 0 wrote step 15's checkpoint to storage; the fault came before rank 1 reported step 15,
+    # so Ray's latest committed checkpoint is step 10.  A script that scans storage loads 15.
+    s = Script().start_attempt().steps(1, 14).persist("/storage/checkpoint_15", 15).fault().decision()
+    tl = s.start_attempt().steps(16, 20).finish().timeline()
+    [v] = resumed_from_latest(tl)
+    assert v.diagnosis == "resumed past the checkpoint", v.line()
+    assert ("steps 11..16 were skipped: it follows step 15, whose checkpoint rank 0 had written to storage in attempt "
+            "0 (/storage/checkpoint_15) but Ray never committed") in v.message
+    # the twin: the same skip with no uncommitted checkpoint behind it says only what was skipped
+    tl = Script().start_attempt().steps(1, 14).fault().decision().start_attempt().steps(16, 20).finish().timeline()
+    [v] = resumed_from_latest(tl)
+    assert v.diagnosis == "resumed past the checkpoint" and "never committed" not in v.message, v.line()
+
+
 def test_fault_before_any_checkpoint_expects_a_fresh_start():
     tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(1, 10).finish().timeline()
     [v] = resumed_from_latest(tl)
@@ -231,13 +246,35 @@ def test_first_report_at_the_checkpoint_step_without_evidence_is_unverifiable_ne
     # the fault right after checkpoint 10: nothing before it says what step 11 should give
     [v] = resumed_from_latest(evaluated_or_retrained(10, 11))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: resumed at the checkpoint's own step", v.line()
-    assert "no earlier attempt reported step 11 with a state value" in v.message
+    assert "no earlier attempt (nor a fault-free baseline) reported step 11 with a state value" in v.message
     assert "--chaos-state-metric" in v.message
     # no state metric at all: the same
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .report({0: 10, 1: 10}).steps(11, 20).finish().timeline())
     [v] = resumed_from_latest(tl)
     assert v.status == "unverifiable" and "no state value at step 11 in attempt 1" in v.message, v.line()
+
+
+def test_at_the_checkpoint_step_with_no_earlier_value_the_fault_free_baseline_decides():
+    # the fault right after checkpoint 10 (attempt 0 never reported step 11): a baseline did
+    from chaos.verify import Baseline
+
+    base = Baseline("k", trajectory={r: [[s, {"loss": train_loss(r, s)}] for s in range(1, 21)] for r in (0, 1)})
+    healthy = evaluated_or_retrained(10, 11)
+    for e in healthy.events:
+        if e.kind == "controller_started":
+            e.data["state_metric"] = "loss"
+    [v] = resumed_from_latest(healthy, baseline=base)
+    assert v.status == "pass" and "step 11 reproduced" in v.evidence["rule"], v.line()
+    retrained = evaluated_or_retrained(10, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1)
+    for e in retrained.events:
+        if e.kind == "controller_started":
+            e.data["state_metric"] = "loss"
+    [v] = resumed_from_latest(retrained, baseline=base)
+    assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
+    assert "but " in v.message and "in the fault-free baseline: step 10 was trained again" in v.message
+    [v] = resumed_from_latest(retrained)  # without the baseline: no evidence, never a pass
+    assert v.status == "unverifiable", v.line()
 
 
 def test_every_report_a_checkpoint_restart_at_the_first_checkpoint_step_is_a_restart_from_scratch():
@@ -929,6 +966,37 @@ def test_a_periodic_checkpoint_that_lands_in_the_window_is_no_just_in_time_check
 def test_a_window_checkpoint_with_no_cadence_before_the_notice_is_unverifiable():
     [v] = preemption_window(windowed(None, 14), Expectation(checkpoint_in_window=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint cadence", v.line()
+
+
+def persisted_early(before_notice: bool):
+    """Checkpoints every 10 steps; rank 0 persists an off-cadence checkpoint at step 13 (a
+    report Ray commits only once rank 1 reports it too) before or after the notice; the
+    commit lands inside the window either way."""
+    s = Script().start_attempt().steps(1, 12, every=10)
+    if before_notice:
+        s.persist("/storage/checkpoint_13", 13).preemption(window_s=8.0)
+    else:
+        s.preemption(window_s=8.0).persist("/storage/checkpoint_13", 13)
+    s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False).report({0: 14, 1: 14})
+    return s.gone().decision(budget_class="preemption").start_attempt().steps(14, 20, every=None).finish().timeline()
+
+
+def test_a_checkpoint_persisted_before_the_notice_and_committed_after_it_is_no_just_in_time_checkpoint():
+    [v] = preemption_window(persisted_early(before_notice=True), Expectation(checkpoint_in_window=True))
+    assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
+    assert "the checkpoint at step 13 was already on storage 0.5 s before the notice" in v.message
+    assert v.evidence["persisted_before_notice"] == [13]
+    # the twin: persisted after the notice, off the cadence: made because of it
+    [v] = preemption_window(persisted_early(before_notice=False), Expectation(checkpoint_in_window=True))
+    assert v.status == "pass" and "off the periodic cadence" in v.message, v.line()
+
+
+def test_a_window_checkpoint_nobody_was_seen_persisting_is_unverifiable():
+    s = Script().start_attempt().steps(1, 12, every=10).preemption(window_s=8.0)
+    s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False)
+    tl = s.gone().decision(budget_class="preemption").start_attempt().steps(14, 20, every=None).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no persist record", v.line()
 
 
 # -- determinism: a state value that does not reproduce fails only a declared-deterministic workload --

@@ -40,15 +40,25 @@ class Script:
                                               for r in range(self.ranks)]))
         return self
 
-    def report(self, steps, checkpoint=None, states=None, sources=None, metrics=None):
+    def report(self, steps, checkpoint=None, states=None, sources=None, metrics=None, persisted=True):
         """One report round: ``steps`` is {rank: step} (None: the rank reported no step);
-        ``metrics``: what rank 0 reported."""
+        ``metrics``: what rank 0 reported.  A checkpoint is persisted by rank 0 in the same
+        poll, as the recorder sees it when every rank reports at once (``persisted=False``: it
+        was, earlier, with ``persist``)."""
         steps = {str(r): s for r, s in steps.items()}
+        if checkpoint and persisted:
+            self.persist(checkpoint, steps.get("0"), dt=0.0)
         self.events.append(self._e(
             "recorder", "report", attempt=self.attempt, steps=steps, step=steps.get("0"),
             step_sources=sources or {r: ("metric" if s is not None else None) for r, s in steps.items()},
             states={str(r): v for r, v in states.items()} if states else None,
             checkpoint=checkpoint, metrics=metrics or {}))
+        return self
+
+    def persist(self, checkpoint, step, rank=0, dt=0.5):
+        """A rank's report with ``checkpoint`` reached the controller (on storage, not yet committed)."""
+        self.events.append(self._e("recorder", "checkpoint_persisted", dt, attempt=self.attempt, rank=rank, step=step,
+                                   checkpoint=checkpoint))
         return self
 
     def steps(self, first, last, every=5, metric=True, stride=1, rank_step=None, state=None):
