@@ -57,6 +57,24 @@ def test_checkpoint_on_the_preemption_notice_is_what_the_run_resumes_from(chaos)
 
 
 @pytest.mark.extended
+def test_a_periodic_checkpoint_in_the_window_is_not_taken_for_a_just_in_time_one(chaos):
+    """The buggy twin: a script that never asks for the notice but checkpoints every 3rd step,
+    so periodic checkpoints land inside the 8 s window.  A commit inside the window is not
+    enough: the script's own cadence explains it, so the preemption-window verdict fails."""
+    if chaos.user_workload:
+        pytest.skip("needs the reference workload")
+    outcome = chaos.run(
+        chaos.workload(num_workers=2, max_failures=0, max_preemption_failures=2, steps=50, checkpoint_every=3),
+        faults=[(AfterCheckpoint(1), Preempt(rank=1, via="drain", deadline_s=8))],
+        expect=chaos.expect(checkpoint_in_window=True),
+    )
+    window = outcome.verdict("preemption-window")
+    assert window.status == "fail" and window.diagnosis == "no just-in-time checkpoint", window.line()
+    assert "falls on the script's periodic cadence (every 3 steps from 3)" in window.message, window.line()
+    assert outcome.verdict("resumed-from-latest").status == "pass"
+
+
+@pytest.mark.extended
 def test_drain_requests_exhaust_max_preemption_failures(chaos):
     """Ray's own drain request (reason PREEMPTION, 8 s deadline, the node killed at it) with
     max_preemption_failures=0: the run must end ERRORED, charged to the preemption budget."""

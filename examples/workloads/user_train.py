@@ -27,6 +27,9 @@ the classic mistakes the harness must catch.
                           step, in a report without a step (there is none yet)
     --step-time S         seconds per step (default 0.3)
     --report-at-checkpoints-only  reports only when it checkpoints (every 5th step)
+    --double-stride-after-restore  after loading step s, skips a save interval (goes on at s + 6)
+                          and from then on saves and reports every 10th step: data skipped,
+                          under a stride only the restarted attempt shows
     --no-checkpoint       never hands Train a checkpoint
     --warmup-fit          first a short fault-free fit() of its own (3 steps, no checkpoint:
                           a smoke test of the data and model), then the run under test
@@ -73,6 +76,9 @@ def loop(config):
         with torch.no_grad():
             ray.train.report({config["metric"]: start, "loss": float(batch_loss(model, start))})
     first = start if start and config["retrain_checkpoint_step"] else start + 1
+    doubled = bool(start) and config["double_stride_after_restore"]
+    if doubled:
+        first = start + 6
     for step in range(first, config["steps"] + 1):
         loss = batch_loss(model, step) if learn else model(torch.ones(2, 4)).sum()
         opt.zero_grad()
@@ -87,7 +93,7 @@ def loop(config):
             metrics["loss"] = float(loss)
         if start and config["no_step_after_restore"]:
             metrics = {"loss": float(loss)}
-        saves = step % 5 == 0 and not config["no_checkpoint"]
+        saves = step % (10 if doubled else 5) == 0 and not config["no_checkpoint"]
         if config["report_at_checkpoints_only"] and not saves:
             continue
         if saves:
@@ -116,7 +122,8 @@ if __name__ == "__main__":
     for flag in ("--ignore-checkpoint", "--default-failure-config", "--crash-before-training", "--restore-rank0-only",
                  "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
-                 "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit"):
+                 "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
+                 "--double-stride-after-restore"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -136,7 +143,8 @@ if __name__ == "__main__":
               "learn": a.learn or a.evaluate_after_restore or a.restore_step_only,
               "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
               "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
-              "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint}
+              "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint,
+              "double_stride_after_restore": a.double_stride_after_restore}
     if a.warmup_fit:
         TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(storage_path=a.storage, name=f"{name}-warmup")).fit()

@@ -89,8 +89,12 @@ EXPECTED = {
     "user_initial_checkpoint_without_step": {  # commits its initial weights before step 1, without a step
         "resumed-from-latest": ("unverifiable", "the latest checkpoint's report carried no step for rank 0"),
     },
-    "user_reports_at_checkpoints_only": {  # reports 5, 10, ...: killed after the first, no stride yet
-        "resumed-from-latest": ("unverifiable", "no report followed checkpoint step 5"),
+    "user_reports_at_checkpoints_only": {  # reports 5, 10, ...: killed after the first, no stride yet; again after the third
+        "resumed-from-latest (attempt 1)": ("unverifiable", "no report followed checkpoint step 5"),
+        "resumed-from-latest (attempt 2)": ("pass", "resumed at step 20, right after the latest checkpoint (step 15)"),
+    },
+    "user_doubled_stride_after_restore": {  # reports 5, 10; restored at 10, goes on at 16 reporting every 10th
+        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 20"),
     },
     "user_retrains_first_checkpoint_step": {  # range(step, N), killed after checkpoint 1
         "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 5 on every rank"),

@@ -59,10 +59,27 @@ def test_initial_checkpoint_without_a_step(chaos, tmp_path):
 
 
 def test_reports_only_at_checkpoints_fault_after_the_first(chaos, tmp_path):
+    """Killed after the first checkpoint: nothing yet shows the stride.  Killed again after the
+    third: the stride (5) is what the reports before that fault show, so attempt 2 must begin
+    at the step that follows it (the healthy twin of the doubled stride below)."""
     outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only"),
-                        faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))])
+                        faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1)),
+                                (AfterCheckpoint(3), chaos.raylet_kill(rank=1))])
     v = resume(outcome)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
+    v = resume(outcome, 2)
+    assert v.status == "pass", v.line()
+
+
+def test_restart_that_skips_a_save_interval_under_a_doubled_stride(chaos, tmp_path):
+    """Reports every 5th step (at its checkpoints); restored at 10, it goes on at 16 and reports
+    every 10th: its first report, 20, is what a stride of 10 would expect — but the stride is
+    the reports' before the fault (5), so steps 15..20 were skipped."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only --double-stride-after-restore"),
+                        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
+    assert "steps 15..20 were skipped" in v.message and "stride 5 before the fault" in v.message, v.line()
 
 
 def test_first_checkpoint_step_trained_again(chaos, tmp_path):
