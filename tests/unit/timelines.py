@@ -140,6 +140,22 @@ class Script:
                                    line=f"[FailurePolicy] {decision}", error=error, error_types=list(error_types)))
         return self
 
+    def worker_error(self, errors, dt=0.1):
+        """The attempt's first poll that carried errors, as the recorder emits it: ``errors`` is
+        {rank: "Type: message"} (the decision that follows is the attempt's failure)."""
+        self.events.append(self._e("recorder", "worker_error", dt, attempt=self.attempt,
+                                   errors={str(r): m for r, m in errors.items()}))
+        return self
+
+    def rank_fault(self, kind="cuda", rank=1):
+        """A fault inside one rank's process that leaves its node up (a CUDA error or hang): its
+        target as the experiment records it (the rank's node, IP, rank and pid in this attempt)."""
+        self.faults += 1
+        self.events.append(self._e("fault", "fault_injected", fault=kind, ledger_id=f"f{self.faults}",
+                                   target={"node_id": f"n{rank}", "node_ip": f"127.0.1.{rank + 2}", "rank": rank,
+                                           "pid": rank + 1, "host": None}))
+        return self
+
     def finish(self, state="FINISHED", job="SUCCEEDED"):
         self.events.append(self._e("recorder", "run_finished", state=state))
         self.events.append(self._e("harness", "job_finished",
