@@ -33,6 +33,9 @@ the classic mistakes the harness must catch.
     --no-checkpoint       never hands Train a checkpoint
     --warmup-fit          first a short fault-free fit() of its own (3 steps, no checkpoint:
                           a smoke test of the data and model), then the run under test
+    --crash-on-preemption-notice  every rank asks ray.train.get_preemption_info() each step;
+                          on the first notice rank 0 raises ValueError (a script bug in its
+                          notice handler), on a node the preemption does not touch
 """
 
 import argparse
@@ -93,6 +96,8 @@ def loop(config):
             metrics["loss"] = float(loss)
         if start and config["no_step_after_restore"]:
             metrics = {"loss": float(loss)}
+        if config["crash_on_preemption_notice"] and ray.train.get_preemption_info() is not None and rank == 0:
+            raise ValueError("preemption handler: checkpoint path template has no {step} field")
         saves = step % (10 if doubled else 5) == 0 and not config["no_checkpoint"]
         if config["report_at_checkpoints_only"] and not saves:
             continue
@@ -123,7 +128,7 @@ if __name__ == "__main__":
                  "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
-                 "--double-stride-after-restore"):
+                 "--double-stride-after-restore", "--crash-on-preemption-notice"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -144,7 +149,8 @@ if __name__ == "__main__":
               "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
               "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
               "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint,
-              "double_stride_after_restore": a.double_stride_after_restore}
+              "double_stride_after_restore": a.double_stride_after_restore,
+              "crash_on_preemption_notice": a.crash_on_preemption_notice}
     if a.warmup_fit:
         TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(storage_path=a.storage, name=f"{name}-warmup")).fit()

@@ -96,6 +96,9 @@ EXPECTED = {
     "user_doubled_stride_after_restore": {  # reports 5, 10; restored at 10, goes on at 16 reporting every 10th
         "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 20"),
     },
+    "user_crash_on_preemption_notice": {  # rank 1's node drained; rank 0 (elsewhere) raises in its notice handler
+        "within-budget": ("fail", "unrelated failure: attempt 0 failed with ValueError"),
+    },
     "user_retrains_first_checkpoint_step": {  # range(step, N), killed after checkpoint 1
         "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 5 on every rank"),
     },

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaos.train.run import user_spec
+from chaos.faults.preempt import Preempt
 from chaos.triggers import AfterCheckpoint, AtStep
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -115,3 +116,15 @@ def test_warm_up_fit_then_a_restart_from_scratch(chaos, tmp_path):
                         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
     v = resume(outcome, run=2)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+
+
+def test_script_crash_during_a_preemption_is_an_unrelated_failure(chaos, tmp_path):
+    """Rank 1's node is drained; rank 0, on another node, crashes in its notice handler.  The
+    first failure decision after the preemption is not the preemption's: charging it to the
+    preemption (or calling it the wrong budget class) would hide the script's bug.  The healthy
+    twin is suites/test_preemption.py's per-commit preemption, charged to its budget."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--crash-on-preemption-notice --steps 40"),
+                        faults=[(AfterCheckpoint(1), Preempt(rank=1, via="drain", deadline_s=8))])
+    v = outcome.verdict("within-budget")
+    assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
+    assert "failed with ValueError" in v.message and "not on the fault's node" in v.message, v.line()

@@ -17,6 +17,7 @@ FIXTURES = {  # test in resume_shapes.py -> contract fixture
     "test_initial_checkpoint_without_a_step": "user_initial_checkpoint_without_step",
     "test_reports_only_at_checkpoints_fault_after_the_first": "user_reports_at_checkpoints_only",
     "test_restart_that_skips_a_save_interval_under_a_doubled_stride": "user_doubled_stride_after_restore",
+    "test_script_crash_during_a_preemption_is_an_unrelated_failure": "user_crash_on_preemption_notice",
     "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
     "test_no_checkpoint_handed_to_train": "user_no_checkpoint",
     "test_warm_up_fit_then_a_correct_resume": "user_warmup_fit_healthy",
