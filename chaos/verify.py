@@ -1655,6 +1655,9 @@ def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
         persisted = {r.data["checkpoint"]: min((p.t for p in timeline.of("checkpoint_persisted")
                                                 if p.data.get("checkpoint") == r.data["checkpoint"]), default=None)
                      for r in commits}
+        # The notice is the earliest a rank could have learnt of it (Train's watcher passes it on
+        # later, and the controller sees a rank's echo later still, often in the same poll as the
+        # rank's checkpoint): only a checkpoint on storage before it was surely not made for it.
         early = {s for r in commits for s in steps_of(r).values()
                  if persisted[r.data["checkpoint"]] is not None and persisted[r.data["checkpoint"]] < notice.t}
         evidence.update(periodic_checkpoint_steps=before, cadence=cadence, on_cadence=periodic,

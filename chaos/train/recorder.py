@@ -73,6 +73,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         self._recording = Recording(self._settings["step_metric"], self._settings["state_metric"], self._deliver)
         self._sink = None
         self._tape: TapeWriter | None = None
+        self._preempted: list[int] = []  # the last preempted ranks taped (only changes are facts)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -124,7 +125,8 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                    num_workers=getattr(train_run_context.scaling_config, "num_workers", None),
                    failure_config={"max_failures": fc.max_failures,
                                    "max_preemption_failures": fc.max_preemption_failures,
-                                   "controller_failure_limit": fc.controller_failure_limit})
+                                   "controller_failure_limit": fc.controller_failure_limit,
+                                   "relax_collectives_on_preemption": fc.relax_collectives_on_preemption})
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
         error = getattr(current_state, "training_failed_error", None)
@@ -152,6 +154,13 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         errors = worker_group_status.errors
         if errors:  # every poll tick calls this; only the ones with errors are facts worth taping
             self._take("poll_errors", errors={str(rank): f"{type(e).__name__}: {e}"[:2000] for rank, e in errors.items()})
+        # Which ranks Train's preemption watcher says are going: with
+        # relax_collectives_on_preemption, Ray then commits the survivors' reports alone.
+        info = worker_group_status.get_preemption_info()
+        preempted = sorted(info.preempted_ranks) if info is not None else []
+        if preempted != self._preempted:
+            self._preempted = preempted
+            self._take("poll_preemption", preempted_ranks=preempted)
         # A rank's report reaches the controller in one poll, after the rank persisted its
         # checkpoint to storage and before Ray commits it (when every rank has reported).
         persisted = {str(rank): {"checkpoint": status.training_report.checkpoint.path,

@@ -8,7 +8,8 @@ without a cluster.
 
 Facts per hook (``t``: the controller's clock when the hook ran):
   controller_started  run_id, run_name, storage_path, num_workers,
-                      failure_config{max_failures, max_preemption_failures, controller_failure_limit}
+                      failure_config{max_failures, max_preemption_failures, controller_failure_limit,
+                      relax_collectives_on_preemption}
   state_changed       prev, cur, terminal, error (str or None)
   policy_logged       message (Ray's ``[FailurePolicy]`` log message), error_types
   failure_decision    decision (RETRY | RAISE)
@@ -17,6 +18,7 @@ Facts per hook (``t``: the controller's clock when the hook ran):
   poll_errors         errors{rank: "Type: message"} (only polls that carried errors)
   poll_checkpoints    reports{rank: {checkpoint (path), metrics}} (only polls where a rank's report
                       carried a checkpoint: persisted by that rank, not yet committed)
+  poll_preemption     preempted_ranks [rank] (when the ranks Train's preemption watcher names change)
   reported            checkpoint (path or None), metrics [one dict per rank, in worker order]
 """
 
@@ -103,6 +105,8 @@ class Recording:
         self.errors_reported_for = -2
         self.pending_decision: dict | None = None
         self.final_state: str | None = None
+        self.preempted: list = []  # ranks Train's preemption watcher named in this attempt
+        self.relax_collectives = False  # the run's FailureConfig.relax_collectives_on_preemption
 
     def take(self, hook: str, t: float, facts: dict) -> None:
         getattr(self, f"_{hook}")(t, facts)
@@ -113,6 +117,7 @@ class Recording:
     # -- controller --------------------------------------------------------------
     def _controller_started(self, t: float, f: dict) -> None:
         self.run_id = f["run_id"]
+        self.relax_collectives = bool(f["failure_config"].get("relax_collectives_on_preemption"))
         self._emit(t, "controller_started", run_name=f["run_name"], storage_path=f["storage_path"],
                    num_workers=f["num_workers"], step_metric=self.step_metric_spec,
                    step_metric_names=list(self.step_names), state_metric=self.state_metric,
@@ -148,6 +153,7 @@ class Recording:
     def _worker_group_started(self, t: float, f: dict) -> None:
         self.attempt += 1
         self.last_step = {}
+        self.preempted = []
         placement = [dict(w) for w in f["workers"]]
         self.ranks = [p["rank"] for p in placement]
         self._emit(t, "attempt_started", attempt=self.attempt, placement=placement)
@@ -156,6 +162,23 @@ class Recording:
         if f["errors"] and self.errors_reported_for != self.attempt:
             self.errors_reported_for = self.attempt
             self._emit(t, "worker_error", attempt=self.attempt, errors=dict(f["errors"]))
+
+    def _poll_preemption(self, t: float, f: dict) -> None:
+        self.preempted = list(f["preempted_ranks"])
+        if self.preempted:
+            self._emit(t, "train_preemption_notice", attempt=self.attempt, preempted_ranks=self.preempted)
+
+    def _reporting_ranks(self, n: int) -> list:
+        """The ranks behind a report round's ``n`` metrics (Ray lists them in rank order, without
+        rank ids): every rank's, or — when Ray committed the survivors' alone because
+        relax_collectives_on_preemption let it go on without the preempted ranks — the
+        survivors'.  Any other count is numbered 0..n-1, as Ray's list is."""
+        if len(self.ranks) == n:
+            return self.ranks
+        survivors = [r for r in self.ranks if r not in self.preempted]
+        if self.relax_collectives and self.preempted and len(survivors) == n:
+            return survivors
+        return list(range(n))
 
     def _poll_checkpoints(self, t: float, f: dict) -> None:
         """``checkpoint_persisted`` per rank: the rank wrote this checkpoint to storage (its report
@@ -174,7 +197,7 @@ class Recording:
     def _reported(self, t: float, f: dict) -> None:
         """One event per report round, with every rank's step (and state value)."""
         metrics, checkpoint = f["metrics"], f["checkpoint"]
-        ranks = self.ranks if len(self.ranks) == len(metrics) else list(range(len(metrics)))
+        ranks = self._reporting_ranks(len(metrics))
         steps, sources, states, refused = {}, {}, {}, {}
         for rank, m in zip(ranks, metrics):
             m = m or {}

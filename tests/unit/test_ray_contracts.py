@@ -20,6 +20,7 @@ from ray.train.v2._internal.execution.training_report import _TrainingReport
 from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
 from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
 from ray.train.v2.api.config import FailureConfig
+from ray.train.v2.api.preemption import PreemptionInfo
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from chaos.train import recorder, recording
@@ -154,6 +155,22 @@ def test_a_poll_carries_each_ranks_report_with_its_persisted_checkpoint():
     rec.after_worker_group_poll_status(status)
     assert taken == [("poll_checkpoints", {"reports": {"0": {"checkpoint": "/s/checkpoint_1",
                                                              "metrics": {"step": 5}}}})]
+
+
+
+def test_a_poll_carries_the_ranks_trains_preemption_watcher_names():
+    """The recorder's poll_preemption facts (relax_collectives_on_preemption: Ray then commits
+    the survivors' reports alone, and the recorder must know whose they are)."""
+    info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"n1": [1], "n2": [2]})
+    status = WorkerGroupPollStatus(worker_statuses={0: WorkerStatus(running=True, preemption_info=info),
+                                                    1: WorkerStatus(running=True, preemption_info=info)})
+    taken = []
+    rec = recorder.Recorder()
+    rec._take = lambda hook, **facts: taken.append((hook, facts))
+    rec.after_worker_group_poll_status(status)
+    rec.after_worker_group_poll_status(status)  # only changes are facts
+    assert taken == [("poll_preemption", {"preempted_ranks": [1, 2]})]
+    assert FailureConfig().relax_collectives_on_preemption is False
 
 
 def test_train_reads_the_poll_intervals_the_harness_sets():

@@ -38,3 +38,27 @@ def test_no_loss_reported_records_no_state_and_a_named_metric_is_read_as_named()
     assert e["states"] == {"0": 0.5, "1": 0.6} and "state_metric" not in e  # the setting names it already
     [e] = recorded(None, [{"step": 1, "loss": 0.5}, {"step": 1, "loss": 0.6}])
     assert e["states"] is None
+
+
+def survivors_round(relax, preempted):
+    """Three ranks; Train's watcher names ``preempted``; Ray commits a round of two reports."""
+    events = []
+    r = Recording("auto", None, events.append)
+    r.take("controller_started", 1.0, {"run_id": "r", "run_name": "n", "storage_path": "/s", "num_workers": 3,
+                                       "failure_config": {"relax_collectives_on_preemption": relax}})
+    r.take("worker_group_started", 2.0, {"workers": [{"rank": 0}, {"rank": 1}, {"rank": 2}]})
+    r.take("poll_preemption", 3.0, {"preempted_ranks": preempted})
+    r.take("reported", 4.0, {"metrics": [{"step": 7}, {"step": 7}], "checkpoint": "/s/checkpoint_7"})
+    return events
+
+
+def test_under_relaxed_collectives_a_round_without_the_preempted_rank_is_the_survivors():
+    events = survivors_round(True, [1])
+    [notice] = [e["data"] for e in events if e["kind"] == "train_preemption_notice"]
+    assert notice["preempted_ranks"] == [1] and notice["attempt"] == 0
+    [report] = [e["data"] for e in events if e["kind"] == "report"]
+    assert report["steps"] == {"0": 7, "2": 7}  # not renumbered 0, 1: rank 1 is the one that went
+    # the twin: without the run's relax setting Ray never commits a partial round; a short list
+    # is numbered as Ray lists it
+    [report] = [e["data"] for e in survivors_round(False, [1]) if e["kind"] == "report"]
+    assert report["steps"] == {"0": 7, "1": 7}

@@ -991,6 +991,18 @@ def test_a_checkpoint_persisted_before_the_notice_and_committed_after_it_is_no_j
     assert v.status == "pass" and "off the periodic cadence" in v.message, v.line()
 
 
+def test_a_checkpoint_persisted_after_the_notice_passes_even_when_train_reports_the_notice_later():
+    # Train's watcher passes the notice on, and the controller sees a rank's echo of it, after the
+    # harness's notice — often in the same poll as the rank's just-in-time checkpoint: the notice
+    # itself is the line, so a healthy just-in-time checkpoint is not failed for that order
+    s = Script().start_attempt().steps(1, 12, every=10).preemption(window_s=8.0).persist("/storage/checkpoint_13", 13)
+    s.events.append(s._e("recorder", "train_preemption_notice", 0.0, attempt=s.attempt, preempted_ranks=[1]))
+    s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False).report({0: 14, 1: 14})
+    tl = s.gone().decision(budget_class="preemption").start_attempt().steps(14, 20, every=None).finish().timeline()
+    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    assert v.status == "pass", v.line()
+
+
 def test_a_window_checkpoint_nobody_was_seen_persisting_is_unverifiable():
     s = Script().start_attempt().steps(1, 12, every=10).preemption(window_s=8.0)
     s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False)
