@@ -6,7 +6,8 @@ node n<rank> (127.0.1.<rank + 2>) in every attempt of a ``Script``.
 """
 
 from chaos.timeline import Event
-from chaos.verify import Expectation, attribute, within_budget
+from chaos.attribution import attribute
+from chaos.verify import Expectation, within_budget
 from timelines import Script
 
 EXPECT_ONE = Expectation(charged={"worker_group": 1})
