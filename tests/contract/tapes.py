@@ -12,6 +12,7 @@ against diagnoses written by hand.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -37,8 +38,11 @@ def run_dir(reports: Path, test: str = "") -> Path:
     return runs[0]
 
 
-def _comparable(events: list[dict]) -> list[tuple]:
-    return [(e["kind"], json.dumps(e["data"], sort_keys=True, default=str)) for e in events]
+def _comparable(events: list[dict]) -> list[list[tuple]]:
+    """The events in order, those of one instant (one hook call: a poll's per-rank events) as a
+    sorted group: the live timeline keeps their arrival order, which the sink does not fix."""
+    return [sorted((e["kind"], json.dumps(e["data"], sort_keys=True, default=str)) for e in group)
+            for _, group in itertools.groupby(events, key=lambda e: e["t"])]
 
 
 def record(name: str, run_dir: Path, command: list[str], recorded_by: str) -> Path | None:
