@@ -55,6 +55,35 @@ class AfterCheckpoint:
 
 
 @dataclasses.dataclass(frozen=True)
+class AfterPersisted:
+    """Fire once a rank has written the k-th checkpoint of the run to storage (its report, with
+    the checkpoint, reached the controller) — before Ray commits it, when it waits for another
+    rank's report: a fault then leaves on storage a checkpoint Ray never committed."""
+
+    k: int
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ValueError(f"AfterPersisted(k={self.k}): k counts from 1")
+
+    def describe(self) -> str:
+        return f"after a rank persisted checkpoint {self.k}"
+
+    def wait(self, timeline: Timeline, timeout: float) -> Event:
+        def ready(events):
+            seen: dict[str, set] = collections.defaultdict(set)
+            for e in events:
+                if e.kind == "checkpoint_persisted":
+                    paths = seen[e.data.get("run_id")]
+                    paths.add(e.data.get("checkpoint"))
+                    if len(paths) == self.k:
+                        return e
+            return None
+
+        return timeline.wait_for(ready, timeout, f"a rank to persist checkpoint {self.k}", abort=_job_ended)
+
+
+@dataclasses.dataclass(frozen=True)
 class AtStep:
     """Fire when step n is reported (in the given attempt, or in any).
 

@@ -33,6 +33,14 @@ the classic mistakes the harness must catch.
     --no-checkpoint       never hands Train a checkpoint
     --warmup-fit          first a short fault-free fit() of its own (3 steps, no checkpoint:
                           a smoke test of the data and model), then the run under test
+    --restore-newest-folder  loads the newest checkpoint folder in the run's storage (scans it
+                          itself) instead of the one Train hands it: a folder a rank wrote but Ray
+                          never committed, where a fault came before every rank reported
+    --slow-checkpoint-report S  ranks other than 0 hand Train a shard of each checkpoint too,
+                          uploaded by their own checkpoint_upload_fn that takes S seconds: rank
+                          0's part is on storage while Ray waits for theirs
+    --slow-start S        every attempt loads for S seconds before its first step (a slow data
+                          loader or a large checkpoint): a slow reporter, not a stalled one
     --crash-on-preemption-notice  every rank asks ray.train.get_preemption_info() each step;
                           on the first notice rank 0 raises ValueError (a script bug in its
                           notice handler), on a node the preemption does not touch
@@ -41,6 +49,7 @@ the classic mistakes the harness must catch.
 import argparse
 import glob
 import os
+import shutil
 import tempfile
 import time
 
@@ -63,7 +72,9 @@ def loop(config):
         ckpt = ray.train.get_checkpoint()
         if ckpt and config["crash_on_restore"]:
             raise RuntimeError("could not load the checkpoint: optimizer state has another shape")
-        if ckpt and config["restore_previous"]:
+        if ckpt and config["restore_newest_folder"]:
+            start = max(torch.load(f)["step"] for f in glob.glob(os.path.join(config["run_dir"], "*", "s.pt")))
+        elif ckpt and config["restore_previous"]:
             steps = sorted(torch.load(f)["step"] for f in glob.glob(os.path.join(config["run_dir"], "*", "s.pt")))
             start = steps[-2] if len(steps) > 1 else 0
         elif ckpt:
@@ -78,6 +89,7 @@ def loop(config):
     if start and config["evaluate_after_restore"]:
         with torch.no_grad():
             ray.train.report({config["metric"]: start, "loss": float(batch_loss(model, start))})
+    time.sleep(config["slow_start"])  # stands in for loading data or a large checkpoint
     first = start if start and config["retrain_checkpoint_step"] else start + 1
     doubled = bool(start) and config["double_stride_after_restore"]
     if doubled:
@@ -102,17 +114,33 @@ def loop(config):
         if config["report_at_checkpoints_only"] and not saves:
             continue
         if saves:
-            report_with_checkpoint(metrics, step, model, opt, rank)
+            report_with_checkpoint(metrics, step, model, opt, rank, config["slow_checkpoint_report"])
         else:
             ray.train.report(metrics)
 
 
-def report_with_checkpoint(metrics, step, model, opt, rank):
-    """Rank 0 saves the step, weights and optimizer; every rank reports (Train waits for all)."""
+def report_with_checkpoint(metrics, step, model, opt, rank, slow_upload_s=0.0):
+    """Rank 0 saves the step, weights and optimizer; every rank reports (Train waits for all).
+    With ``slow_upload_s`` the other ranks hand Train a shard too, uploaded that slowly."""
     with tempfile.TemporaryDirectory() as d:
         if rank == 0:
             torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
-        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        elif slow_upload_s:
+            with open(os.path.join(d, f"shard-{rank}.txt"), "w") as out:
+                out.write(str(step))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                             checkpoint_upload_fn=lambda ckpt, name: slow_upload(ckpt, name, slow_upload_s))
+        else:
+            ray.train.report(metrics)
+
+
+def slow_upload(checkpoint, dir_name, seconds):
+    """A rank's own upload (checkpoint_upload_fn) that takes ``seconds``: a big shard on slow storage."""
+    time.sleep(seconds)
+    dest = os.path.join(ray.train.get_context().get_storage().experiment_fs_path, dir_name)
+    shutil.copytree(checkpoint.path, dest, dirs_exist_ok=True)
+    return Checkpoint.from_directory(dest)
 
 
 def batch_loss(model, step):
@@ -128,12 +156,14 @@ if __name__ == "__main__":
                  "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
-                 "--double-stride-after-restore", "--crash-on-preemption-notice"):
+                 "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--epoch-steps", type=int, default=0)
     p.add_argument("--step-time", type=float, default=0.3)
+    p.add_argument("--slow-checkpoint-report", type=float, default=0.0)
+    p.add_argument("--slow-start", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
@@ -150,7 +180,9 @@ if __name__ == "__main__":
               "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
               "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint,
               "double_stride_after_restore": a.double_stride_after_restore,
-              "crash_on_preemption_notice": a.crash_on_preemption_notice}
+              "crash_on_preemption_notice": a.crash_on_preemption_notice,
+              "restore_newest_folder": a.restore_newest_folder, "slow_checkpoint_report": a.slow_checkpoint_report,
+              "slow_start": a.slow_start}
     if a.warmup_fit:
         TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(storage_path=a.storage, name=f"{name}-warmup")).fit()

@@ -14,7 +14,7 @@ import pytest
 
 from chaos.train.run import user_spec
 from chaos.faults.preempt import Preempt
-from chaos.triggers import AfterCheckpoint, AtStep
+from chaos.triggers import AfterCheckpoint, AfterPersisted, AtStep
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
@@ -128,3 +128,20 @@ def test_script_crash_during_a_preemption_is_an_unrelated_failure(chaos, tmp_pat
     v = outcome.verdict("within-budget")
     assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
     assert "failed with ValueError" in v.message and "not on the fault's node" in v.message, v.line()
+
+
+def test_restore_of_a_checkpoint_ray_never_committed_is_named(chaos, tmp_path):
+    """Rank 1 uploads its shard of each checkpoint in 4 s: rank 0's part of checkpoint 15 is on
+    storage while Ray waits for rank 1's, and rank 1's node goes then.  Ray's latest commit is 10; a script
+    that loads the newest folder on storage resumes at 16 — named as the checkpoint Ray never
+    committed.  The twin (the same timing, get_checkpoint()) resumes at 11."""
+    slow = "--slow-checkpoint-report 4 --steps 20"
+    bad = chaos.run(shape(chaos, tmp_path / "bad", f"{slow} --restore-newest-folder"),
+                    faults=[(AfterPersisted(3), chaos.raylet_kill(rank=1))])
+    v = resume(bad)
+    assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
+    assert "it follows step 15, whose checkpoint rank 0 had written to storage in attempt 0" in v.message, v.line()
+    assert "Ray never committed" in v.message and "the latest committed checkpoint is step 10" in v.message
+    good = chaos.run(shape(chaos, tmp_path / "good", slow), faults=[(AfterPersisted(3), chaos.raylet_kill(rank=1))])
+    v = resume(good)
+    assert v.status == "pass" and "resumed at step 11" in v.message, v.line()

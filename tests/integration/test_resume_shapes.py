@@ -11,13 +11,14 @@ import pytest
 from sessions import ROOT, assert_reverted, record_contract
 
 SUITE = Path(__file__).with_name("resume_shapes.py")
-FIXTURES = {  # test in resume_shapes.py -> contract fixture
+FIXTURES = {  # test in resume_shapes.py -> contract fixture (None: none taped)
     "test_fault_before_the_first_checkpoint_then_evaluate_after_restore": "user_fault_before_checkpoints_then_evaluates",
     "test_weights_not_restored": "user_restores_step_only",
     "test_initial_checkpoint_without_a_step": "user_initial_checkpoint_without_step",
     "test_reports_only_at_checkpoints_fault_after_the_first": "user_reports_at_checkpoints_only",
     "test_restart_that_skips_a_save_interval_under_a_doubled_stride": "user_doubled_stride_after_restore",
     "test_script_crash_during_a_preemption_is_an_unrelated_failure": "user_crash_on_preemption_notice",
+    "test_restore_of_a_checkpoint_ray_never_committed_is_named": None,  # two runs, no fixture
     "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
     "test_no_checkpoint_handed_to_train": "user_no_checkpoint",
     "test_warm_up_fit_then_a_correct_resume": "user_warmup_fit_healthy",

@@ -44,6 +44,18 @@ def test_script_that_ignores_its_checkpoint_fails_with_restarted_from_scratch(st
 
 
 @pytest.mark.integration
+def test_a_script_slow_to_first_report_is_slow_not_stalled(standin, tmp_path):
+    """Every attempt loads for 65 s before its first step — longer than the 60 s floor that
+    used to be the stall limit until an attempt had two reports.  The limit is learnt from the
+    run (before a restarted attempt's first report: 3x the run's own time to its first report,
+    plus the recovery SLO), so the run passes — with a recovery SLO that allows for the load, as
+    its owner would set it.  The twin that really hangs is the stall below."""
+    code, out = run_suite(standin, tmp_path, "--slow-start 65 --steps 15", "--chaos-slo-recover", "150", tape=None)
+    assert code == 0, out[-4000:]
+    assert "training stalled" not in out and "resumed at step 11, right after the latest checkpoint (step 10)" in out
+
+
+@pytest.mark.integration
 def test_rank_that_restarts_from_scratch_is_named_and_the_hang_is_a_stall(standin, tmp_path):
     """Only rank 0 restores: rank 1 replays from step 1, and once rank 0 is done it waits in
     the all-reduce forever.  The test fails on both findings instead of hanging (a stall limit
