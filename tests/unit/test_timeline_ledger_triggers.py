@@ -9,7 +9,7 @@ from chaos.errors import Aborted, WaitTimeout
 from chaos.ledger import Ledger, sweep
 from chaos.timeline import Event, Timeline, ettr, first_recovery, recovery_metrics
 from chaos.transport.base import CommandResult
-from chaos.triggers import AfterCheckpoint, AtStep
+from chaos.triggers import AfterCheckpoint, AfterPersisted, AtStep
 from timelines import Script
 
 
@@ -18,6 +18,19 @@ def test_wait_for_wakes_on_the_event_not_on_a_timer():
     threading.Timer(0.05, lambda: tl.emit("recorder", "report", step=3, checkpoint="c")).start()
     e = AfterCheckpoint(1).wait(tl, timeout=5)
     assert e.data["step"] == 3
+
+
+def test_after_persisted_fires_on_a_ranks_kth_checkpoint_before_ray_commits_it():
+    # ranks persist checkpoints 1 and 2 (rank 1 a shard of each: the same folder); the third
+    # folder fires it, on rank 0's report alone
+    s = Script().start_attempt().steps(1, 10).persist("/storage/checkpoint_15", 15)
+    tl = s.timeline()
+    e = AfterPersisted(3).wait(tl, timeout=1)
+    assert e.data["checkpoint"] == "/storage/checkpoint_15" and e.data["rank"] == 0
+    with pytest.raises(WaitTimeout, match="a rank to persist checkpoint 4"):
+        AfterPersisted(4).wait(tl, timeout=0.1)
+    with pytest.raises(ValueError):
+        AfterPersisted(0)
 
 
 def test_wait_timeout_says_what_was_awaited_and_seen():
