@@ -21,8 +21,8 @@ def test_wait_for_wakes_on_the_event_not_on_a_timer():
 
 
 def test_after_persisted_fires_on_a_ranks_kth_checkpoint_before_ray_commits_it():
-    # ranks persist checkpoints 1 and 2 (rank 1 a shard of each: the same folder); the third
-    # folder fires it, on rank 0's report alone
+    # checkpoints 5 and 10 persisted in the polls that committed them; the third folder, persisted
+    # by rank 0 while Ray waits for another rank, fires it before any commit
     s = Script().start_attempt().steps(1, 10).persist("/storage/checkpoint_15", 15)
     tl = s.timeline()
     e = AfterPersisted(3).wait(tl, timeout=1)
