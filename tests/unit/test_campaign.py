@@ -216,6 +216,18 @@ def test_every_campaign_kind_has_a_catalog_class():
         assert catalog.kind(name).fault_class().kind == name
 
 
+def test_every_catalog_kind_is_drawn_or_says_why_not_and_has_its_class():
+    """A kind added to the catalog without a campaign entry (or a reason it is not drawn) would
+    make --chaos-campaign-kinds say it has no implementation."""
+    from chaos.campaign import NOT_DRAWN
+    from chaos.faults import catalog
+
+    for name, kind in catalog.KINDS.items():
+        assert (name in CAMPAIGN_KINDS) != (name in NOT_DRAWN), f"{name}: drawn, or in NOT_DRAWN with a reason"
+        assert kind.fault_class().kind == name
+    assert set(CAMPAIGN_KINDS) | set(NOT_DRAWN) == set(catalog.KINDS)
+
+
 # -- triggers ------------------------------------------------------------------------
 def report(tl, attempt, step, checkpoint=False):
     tl.emit("recorder", "report", attempt=attempt, step=step, checkpoint=f"/ck/{step}" if checkpoint else None)
