@@ -8,6 +8,7 @@ to a fault by its timing alone is no evidence of the charge.  Reads only the tim
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from chaos.timeline import Event, Timeline, fault_groups, faulted_runs, first_recovery, run_at
 
@@ -101,7 +102,12 @@ def _node_name(p: dict | None) -> str:
 
 
 def _error_class(text: str) -> str:
+    """The class a rank's error text names; a remote call's error (``RayTaskError(X): ...``,
+    how a collective through Train's SynchronizationActor fails) names its cause X."""
     head = (text or "").split(":", 1)[0].strip()
+    wrapped = re.fullmatch(r"\w+\((\w+)\)", head)
+    if wrapped:
+        return wrapped[1]
     return head if head.isidentifier() else "an error"
 
 

@@ -118,6 +118,15 @@ def test_a_cuda_hang_ended_by_a_peers_collective_timeout_is_the_faults():
     assert v.status == "pass" and charged(v) == {"f1": 1}, v.line()
 
 
+def test_a_cuda_hang_ended_by_the_survivors_broadcast_timeout_through_ray_is_the_faults():
+    # seen on a real CUDA hang: the hung rank 1 never errors; rank 0's error is Train's
+    # broadcast timing out, wrapped by the remote call to the SynchronizationActor
+    timeout = ("RayTaskError(BroadcastCollectiveTimeoutError): \x1b[36mray::SynchronizationActor."
+               "broadcast_from_rank_zero()\x1b[39m (pid=319, ip=198.18.7.1) ... timed out")
+    v = within_budget(cuda({0: timeout}), EXPECT_ONE)
+    assert v.status == "pass" and charged(v) == {"f1": 1}, v.line()
+
+
 def test_twin_the_same_cuda_error_of_another_rank_is_unrelated():
     v = within_budget(cuda({0: CUDA}), EXPECT_ONE)
     assert v.diagnosis == "unrelated failure", v.line()
