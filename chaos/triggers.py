@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import ClassVar
 
 from chaos.errors import WaitTimeout
 from chaos.timeline import Event, Timeline, latest_run
@@ -28,59 +29,63 @@ def _job_ended(events: list[Event]) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class AfterCheckpoint:
-    """Fire once the k-th checkpoint of the run (counted over all its attempts) is committed —
-    of one Train run: a warm-up ``fit()``'s checkpoints do not count toward the next run's."""
+class _KthCheckpoint:
+    """Fire on the k-th checkpoint of one Train run (over all its attempts) seen in events of
+    ``kind`` (told apart by ``_one``) — a warm-up ``fit()``'s checkpoints do not count toward
+    the next run's."""
 
     k: int
+    kind: ClassVar[str]
+    awaited: ClassVar[str]
 
     def __post_init__(self):
         if self.k < 1:
-            raise ValueError(f"AfterCheckpoint(k={self.k}): k counts from 1")
-
-    def describe(self) -> str:
-        return f"after checkpoint {self.k} is committed"
-
-    def wait(self, timeline: Timeline, timeout: float) -> Event:
-        def ready(events):
-            commits: collections.Counter = collections.Counter()
-            for e in events:
-                if e.kind == "report" and e.data.get("checkpoint"):
-                    commits[e.data.get("run_id")] += 1
-                    if commits[e.data.get("run_id")] == self.k:
-                        return e
-            return None
-
-        return timeline.wait_for(ready, timeout, f"checkpoint {self.k} to be committed", abort=_job_ended)
-
-
-@dataclasses.dataclass(frozen=True)
-class AfterPersisted:
-    """Fire once a rank has written the k-th checkpoint of the run to storage (its report, with
-    the checkpoint, reached the controller) — before Ray commits it, when it waits for another
-    rank's report: a fault then leaves on storage a checkpoint Ray never committed."""
-
-    k: int
-
-    def __post_init__(self):
-        if self.k < 1:
-            raise ValueError(f"AfterPersisted(k={self.k}): k counts from 1")
-
-    def describe(self) -> str:
-        return f"after a rank persisted checkpoint {self.k}"
+            raise ValueError(f"{type(self).__name__}(k={self.k}): k counts from 1")
 
     def wait(self, timeline: Timeline, timeout: float) -> Event:
         def ready(events):
             seen: dict[str, set] = collections.defaultdict(set)
             for e in events:
-                if e.kind == "checkpoint_persisted":
-                    paths = seen[e.data.get("run_id")]
-                    paths.add(e.data.get("checkpoint"))
-                    if len(paths) == self.k:
+                if e.kind == self.kind and e.data.get("checkpoint"):
+                    checkpoints = seen[e.data.get("run_id")]
+                    checkpoints.add(self._one(e))
+                    if len(checkpoints) == self.k:
                         return e
             return None
 
-        return timeline.wait_for(ready, timeout, f"a rank to persist checkpoint {self.k}", abort=_job_ended)
+        return timeline.wait_for(ready, timeout, self.awaited.format(k=self.k), abort=_job_ended)
+
+
+@dataclasses.dataclass(frozen=True)
+class AfterCheckpoint(_KthCheckpoint):
+    """Fire once the k-th checkpoint of the run is committed."""
+
+    kind: ClassVar[str] = "report"
+    awaited: ClassVar[str] = "checkpoint {k} to be committed"
+
+    @staticmethod
+    def _one(e: Event) -> object:
+        return id(e)  # every commit counts (a script may reuse a checkpoint folder's name)
+
+    def describe(self) -> str:
+        return f"after checkpoint {self.k} is committed"
+
+
+@dataclasses.dataclass(frozen=True)
+class AfterPersisted(_KthCheckpoint):
+    """Fire once a rank has written the k-th checkpoint of the run to storage (its report, with
+    the checkpoint, reached the controller) — before Ray commits it, when it waits for another
+    rank's report: a fault then leaves on storage a checkpoint Ray never committed."""
+
+    kind: ClassVar[str] = "checkpoint_persisted"
+    awaited: ClassVar[str] = "a rank to persist checkpoint {k}"
+
+    @staticmethod
+    def _one(e: Event) -> object:
+        return e.data["checkpoint"]  # every rank with a shard persists the same folder
+
+    def describe(self) -> str:
+        return f"after a rank persisted checkpoint {self.k}"
 
 
 @dataclasses.dataclass(frozen=True)
