@@ -126,7 +126,9 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                    failure_config={"max_failures": fc.max_failures,
                                    "max_preemption_failures": fc.max_preemption_failures,
                                    "controller_failure_limit": fc.controller_failure_limit,
-                                   "relax_collectives_on_preemption": fc.relax_collectives_on_preemption})
+                                   # new in Ray 2.60 (make canary on 2.59 found the bare attribute)
+                                   "relax_collectives_on_preemption": getattr(fc, "relax_collectives_on_preemption",
+                                                                              False)})
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
         error = getattr(current_state, "training_failed_error", None)
