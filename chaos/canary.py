@@ -17,7 +17,7 @@ that reads or writes files.
 What is marked as a difference (``≠``):
 
 * outcome, budgets charged (count and limit, per class), diagnosis (every verdict that did
-  not pass: name, status, diagnosis): any change at all -- these are behaviour;
+  not pass, n/a aside: name, status, diagnosis): any change at all -- these are behaviour;
 * a test with a record in one session only (not selected, skipped, or ended before its run
   was recorded there; that session's pytest output says which): behaviour too;
 * time to detect / time to recover (the worst over the test's faults, as summary.json keeps
@@ -155,7 +155,7 @@ def table(default: Mapping[str, Any], canary: Mapping[str, Any], labels: Sequenc
         f"{MARK}: differs.  Times are the worst over a test's faults; they are marked only beyond "
         f"{tolerance_s:g} s and {tolerance_rel:.0%} of the default's (one run per side), or when one side did not "
         "observe them (—).  Budget charged: what Ray charged per class, as `count to limit=value`.  Diagnosis: "
-        "every verdict that did not pass (`none`: all passed).  No record: the session has no record of the test "
+        "every verdict that did not pass, n/a aside (`none`: all passed).  No record: the session has no record of the test "
         "(not selected, skipped, or ended before its run was recorded; its pytest output says which).",
     ]
     if sources:
@@ -212,8 +212,9 @@ def _diagnosis(record: Mapping[str, Any]) -> str:
     verdicts = record.get("verdicts") or []
     if not verdicts:
         return "no verdicts"
+    # n/a is no finding (a claim that did not arise in this run, e.g. no step re-done: timing)
     parts = sorted({f"{v.get('name')}: {v.get('status')}" + (f" ({v['diagnosis']})" if v.get("diagnosis") else "")
-                    for v in verdicts if v.get("status") != "pass"})
+                    for v in verdicts if v.get("status") not in ("pass", "n/a")})
     return "; ".join(parts) or "none"
 
 

@@ -99,6 +99,14 @@ def test_same_behaviour_marks_nothing(tmp_path):
     assert not canary.behaviour_differs(canary.compare(a, b))
 
 
+def test_a_claim_that_did_not_arise_in_one_run_is_no_difference(tmp_path):
+    # seen on 2.58.1: no step re-done in one run (state-restored n/a), one in the other — timing
+    not_arising = [*PASSED, Verdict("state-restored (attempt 1)", "n/a", "not checked: attempt 1 re-did no step")]
+    a = session(tmp_path, "2.60.0", record(RAYLET, recovered(), not_arising))
+    b = session(tmp_path, "2.58.1", record(RAYLET, recovered(), PASSED))
+    assert rows_of(canary.table(a, b, ("2.60.0", "2.58.1")), RAYLET)["diagnosis"] == ("none", "none", "")
+
+
 def test_a_test_failing_in_one_version_and_passing_in_the_other_shows(tmp_path):
     a = session(tmp_path, "2.60.0", record(RAYLET, recovered(), PASSED))
     b = session(tmp_path, "2.59.0", record(RAYLET, exhausted(), EXHAUSTED, outcome="failed"))
