@@ -117,7 +117,8 @@ def measure(network, hosts, backend: _TestHosts, timeout_s: float = 120.0) -> Ro
     from chaos.backends.base import Host
     from chaos.embedded.testhost import HostState
     from chaos.errors import TransportError
-    from chaos.faults.base import FaultContext, Injection, Target
+    from chaos.cluster import Target
+    from chaos.faults.base import FaultContext, Injection
     from chaos.faults.correlated import fan_out, spread_s
     from chaos.faults.reboot import NodeReboot
     from chaos.timeline import Timeline

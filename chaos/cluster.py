@@ -37,6 +37,24 @@ class Node:
         return f"{self.node_id[:8]}@{self.ip}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a fault hits: a Ray node (and the rank/process on it), resolved from live placement."""
+
+    node_id: str
+    node_ip: str
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None  # the host's name, for reports
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        rank = f"rank {self.rank} on " if self.rank is not None else ""
+        return f"{rank}node {self.node_id[:8]} ({self.host or self.node_ip})"
+
+
 class ClusterView:
     def __init__(self, dashboard_url: str, gcs_address: str, driver_ip: str | None = None):
         self.dashboard_url = dashboard_url

@@ -21,9 +21,9 @@ import ray
 
 from chaos import plot, summary
 from chaos.backends.base import Backend
-from chaos.cluster import ClusterView
+from chaos.cluster import ClusterView, Target
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
-from chaos.faults.base import Fault, FaultContext, Injection, Target
+from chaos.faults.base import Fault, FaultContext, Injection
 from chaos.faults.correlated import Correlated, fan_out, spread_s
 from chaos.ledger import Ledger
 from chaos.progress import CRASH_LOOP_FAILURES, Finding, StallWatch

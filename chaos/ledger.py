@@ -73,13 +73,13 @@ def sweep(ledger: Ledger, backend, say=print) -> list[dict]:
     Each entry's fault kind reverts it from the ``revert`` plan written before its
     injection (``Fault.sweep``), reaching hosts through ``backend`` (a chaos.backends.Backend).
     """
-    from chaos.faults import catalog
+    from chaos.faults.registry import fault_class
 
     left = []
     for entry in ledger.open_entries():
         plan = entry.get("revert") or {}
         try:
-            did = catalog.kind(entry["fault"]).fault_class().sweep(plan, backend)
+            did = fault_class(entry["fault"]).sweep(plan, backend)
             ledger.mark(entry["id"], "reverted" if did else "nothing-to-revert", by="sweep")
             say(f"swept {entry['fault']} ({entry['id']}) on {entry.get('target', {}).get('node_ip')}: "
                 f"{plan.get('action', 'none')}")

@@ -24,7 +24,7 @@ import ray
 
 import chaos
 from chaos.backends.lock import NAMESPACE, ClusterLock
-from chaos.cluster import ClusterView, Node
+from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ClusterError
 from chaos.profile import SafetySettings
 from chaos.ray_support import dashboard_ray_version, require_same_ray
@@ -34,7 +34,6 @@ from chaos.transport.base import Transport
 
 if TYPE_CHECKING:
     from chaos.embedded.netns import Console
-    from chaos.faults.base import Target
     from chaos.profile import Profile
 
 log = logging.getLogger(__name__)

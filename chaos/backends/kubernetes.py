@@ -10,20 +10,15 @@ and of the Kubernetes node under it, so an allowlist can select e.g.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import ray
 
 from chaos.backends.base import Backend, Host, profile_view, ray_node_info
-from chaos.backends.kube_access import KubeAccess, PodRef
-from chaos.cluster import ClusterView, Node
+from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ClusterError, ProfileError, TransportError
 from chaos.safety import NodeInfo
 from chaos.transport.kube import KubeExecTransport
+from chaos.transport.kube_access import KubeAccess, PodRef
 from chaos.waits import poll_until
-
-if TYPE_CHECKING:
-    from chaos.faults.base import Target
 
 COMMAND_TIMEOUT_S = 60.0
 

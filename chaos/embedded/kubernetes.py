@@ -32,8 +32,7 @@ from kubernetes import client, config as kube_config
 
 from chaos.cluster import ClusterView
 from chaos.embedded.cluster import HealthChecks, SlotClaim, claim_slot, free_bridge, free_port, port_slice
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL,
-                                          SCHEDULABLE, HyperPodAgent)
+from chaos.embedded.kube.hyperpod import HyperPodAgent
 from chaos.embedded.kube.kubeconfig import write_kubeconfig
 from chaos.embedded.kube.kubelet import HostMachine, Kubelet, ThisMachine
 from chaos.embedded.kube.kuberay import GEN_CMD_ENV, GROUP, OVERWRITE_CMD, PLURAL, VERSION, KubeRayReconciler
@@ -41,6 +40,7 @@ from chaos.embedded.kube.server import ApiServer
 from chaos.embedded.kube.testhost_hosts import TestHostHosts, new_instance_id
 from chaos.embedded.sagemaker import SageMakerEndpoint
 from chaos.errors import ClusterError
+from chaos.hyperpod import HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,9 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_TYPE_LABEL,
-                                          REBOOT, REPLACE, SCHEDULABLE, HyperPodAgent,
-                                          instance_id_of)
+from chaos.embedded.kube.hyperpod import REBOOT, REPLACE, HyperPodAgent
 from chaos.embedded.threaded import ThreadedServer
+from chaos.hyperpod import HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE, instance_id_of
 
 CONTENT_TYPE = "application/x-amz-json-1.1"
 NODE_ID = re.compile(r"i-[a-f0-9]{8}(?:[a-f0-9]{9})?")

@@ -12,6 +12,7 @@ import abc
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
 from chaos.faults import catalog
 from chaos.timeline import Event, Timeline
@@ -19,22 +20,6 @@ from chaos.timeline import Event, Timeline
 if TYPE_CHECKING:
     from chaos.backends.base import Backend, Host
     from chaos.cluster import ClusterView
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    node_id: str
-    node_ip: str
-    rank: int | None = None
-    pid: int | None = None
-    host: str | None = None  # the host's name, for reports
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def describe(self) -> str:
-        rank = f"rank {self.rank} on " if self.rank is not None else ""
-        return f"{rank}node {self.node_id[:8]} ({self.host or self.node_ip})"
 
 
 @dataclasses.dataclass

@@ -7,7 +7,6 @@ summary all read these tables, so a kind or a budget class is named in exactly o
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
 # Ray Train V2's three retry budgets: the class name the recorder reports (from Ray's own
@@ -18,6 +17,9 @@ BUDGET_LIMIT_FIELDS: dict[str, str] = {
     "controller": "controller_failure_limit",
 }
 BUDGET_CLASSES: tuple[str, ...] = tuple(BUDGET_LIMIT_FIELDS)
+# The FailureConfig fields newer than the oldest supported Ray (2.58) that the recorder reports
+# with the limits, each with the value a Ray without it behaves as (it reads them with getattr).
+NEWER_FAILURE_CONFIG_FIELDS: dict[str, Any] = {"relax_collectives_on_preemption": False}  # new in 2.60
 
 DEFAULT_SLO_DETECT_S = 30.0
 DEFAULT_SLO_RECOVER_S = 120.0
@@ -31,39 +33,29 @@ class FaultKind:
     budget_class: str | None  # None: no charge expected (the platform's own recovery)
     slo_detect_s: float = DEFAULT_SLO_DETECT_S
     slo_recover_s: float = DEFAULT_SLO_RECOVER_S
-    # "module.Class" of the Fault that injects it; None: profiles may configure the kind,
-    # no fault module injects it yet.
-    impl: str | None = None
-
-    def fault_class(self) -> type:
-        """The Fault class of this kind (imported on demand: the catalog imports no fault module)."""
-        if self.impl is None:
-            raise ValueError(f"fault kind {self.name!r} has no implementation yet")
-        module, _, cls = self.impl.rpartition(".")
-        return getattr(importlib.import_module(module), cls)
 
 
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("raylet-kill", "worker_group", impl="chaos.faults.raylet.RayletKill"),
-    FaultKind("worker-kill", "worker_group", impl="chaos.faults.worker.TrainWorkerKill"),
-    FaultKind("node-reboot", "worker_group", impl="chaos.faults.reboot.NodeReboot"),
-    FaultKind("partition", "worker_group", impl="chaos.faults.partition.Partition"),
-    FaultKind("cuda", "worker_group", impl="chaos.faults.cuda.CudaFault"),
-    FaultKind("preempt", "preemption", impl="chaos.faults.preempt.Preempt"),
+    FaultKind("raylet-kill", "worker_group"),
+    FaultKind("worker-kill", "worker_group"),
+    FaultKind("node-reboot", "worker_group"),
+    FaultKind("partition", "worker_group"),
+    FaultKind("cuda", "worker_group"),
+    FaultKind("preempt", "preemption"),
     # Kubernetes (chaos/faults/kube.py): a hard pod delete is a failure; a graceful one, an
     # eviction or a drain SIGTERMs `ray start --block`, which drains the node as PREEMPTION
     # (what Ray 2.60 really charges: README, "Which budget a fault costs").
-    FaultKind("pod-delete", "worker_group", impl="chaos.faults.kube.PodDelete"),
-    FaultKind("pod-delete-graceful", "preemption", impl="chaos.faults.kube.GracefulPodDelete"),
-    FaultKind("pod-evict", "preemption", impl="chaos.faults.kube.PodEvict"),
-    FaultKind("drain", "preemption", impl="chaos.faults.kube.NodeDrain"),
+    FaultKind("pod-delete", "worker_group"),
+    FaultKind("pod-delete-graceful", "preemption"),
+    FaultKind("pod-evict", "preemption"),
+    FaultKind("drain", "preemption"),
     # SageMaker HyperPod node recovery: every pod on the node is force-deleted.
-    FaultKind("hyperpod-reboot", "worker_group", impl="chaos.faults.kube.HyperPodReboot"),
-    FaultKind("node-replace", "worker_group", impl="chaos.faults.kube.HyperPodReplace"),
+    FaultKind("hyperpod-reboot", "worker_group"),
+    FaultKind("node-replace", "worker_group"),
     # A GPU failure the node's health agent must see (Xid in the kernel log + every driver call
     # failing until the node reboots): detection is the agent's, recovery a node reboot or
     # replacement, the charge whatever Ray makes of both (timing-dependent: README).
-    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, impl="chaos.faults.xid.Xid"),
+    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0),
 )}
 
 

@@ -18,8 +18,9 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, Injection, Target
+from chaos.faults.base import Fault, Injection
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ import os
 import shlex
 import uuid
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.shim.control import control_command, process_env
 from chaos.shim.plan import Plan
 

@@ -35,12 +35,12 @@ from typing import Callable, TypeVar
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from chaos.backends.kube_access import CONNECTION_ERRORS, api_error, server_message
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE,
-                                          instance_id_of)
+from chaos.cluster import Target
 from chaos.errors import InjectionError, WaitTimeout
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.faults.preempt import RAY_DEFAULT_DRAIN_WINDOW_S, emit_notice, require_preemption_budget
+from chaos.hyperpod import HEALTH_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE, instance_id_of
+from chaos.transport.kube_access import CONNECTION_ERRORS, api_error, server_message
 from chaos.waits import poll_until
 
 MARK = "chaos.ray.io/fault"  # node annotation: which fault armed something on this node
@@ -64,7 +64,7 @@ def kube_of(backend, kind: str):
     if settings is None:
         raise InjectionError(f"{kind} needs the Kubernetes backend (a profile with a kubernetes: section); this "
                              f"session's backend is {type(backend).__name__}")
-    from chaos.backends.kube_access import KubeAccess
+    from chaos.transport.kube_access import KubeAccess
 
     backend.kube = KubeAccess.from_settings(settings)
     return backend.kube

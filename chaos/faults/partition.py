@@ -9,8 +9,9 @@ killed session left.
 
 from __future__ import annotations
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 
 
 class Partition(Fault):

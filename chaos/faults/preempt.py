@@ -39,8 +39,9 @@ import time
 
 import ray
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.faults.raylet import KILL_RAYLET_BY_NODE_ID
 from chaos.transport.ray import drain_node
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import shlex
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.transport import ray as ray_transport
 
 # Finds the raylet by its exact node id (never by name) and SIGKILLs that one PID.

@@ -5,8 +5,9 @@ node runs where: a replaced machine may come back with another address)."""
 
 from __future__ import annotations
 
+from chaos.cluster import Target
 from chaos.errors import TransportError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.waits import poll_until
 
 

@@ -6,8 +6,9 @@ host's PID namespace too), so the kill runs through that host's transport.
 
 from __future__ import annotations
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 
 
 class TrainWorkerKill(Fault):

@@ -41,8 +41,9 @@ import threading
 import time
 import uuid
 
+from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
-from chaos.faults.base import Fault, FaultContext, Injection, Target, placement_target
+from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.faults.cuda import shim_env
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS

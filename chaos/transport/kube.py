@@ -23,13 +23,13 @@ from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL, WSClient
 from websocket import WebSocketBadStatusException, WebSocketException
 
-from chaos.backends.kube_access import CONNECTION_ERRORS, api_error
 from chaos.errors import ChaosError, TransportError
 from chaos.transport.base import CommandResult, as_shell
+from chaos.transport.kube_access import CONNECTION_ERRORS, api_error
 from chaos.transport.ssh import TranscriptEntry, _short
 
 if TYPE_CHECKING:
-    from chaos.backends.kube_access import KubeAccess
+    from chaos.transport.kube_access import KubeAccess
 
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
 

@@ -15,18 +15,17 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from chaos.backends import KubernetesBackend, for_profile
-from chaos.backends.kube_access import KubeAccess, api_error
-from chaos.cluster import Node
+from chaos.cluster import Node, Target
 from chaos.embedded.kube import ApiServer, podexec, write_kubeconfig
 from chaos.embedded.kube.rbac import Rbac, Rule
 from chaos.embedded.kube.resources import RAYCLUSTERS, prepare_new
 from chaos.embedded.kube.status import ApiError
 from chaos.errors import ClusterError, ProfileError, TransportError, WaitTimeout
-from chaos.faults.base import Target
 from chaos.profile import profile_from_dict
 from chaos.profile.models import KubernetesSettings
 from chaos.safety import TargetRefused
 from chaos.transport.kube import V4, V5, HandshakeRefused, KubeExecTransport, exit_code, negotiate
+from chaos.transport.kube_access import KubeAccess, api_error
 from chaos.waits import poll_until
 from kube_helpers import add_pod
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from chaos.embedded.kube import ApiServer
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT,
-                                          REBOOT_STEPS, REPLACE_STEPS, SCHEDULABLE, UNSCHEDULABLE_TAINT, HostInfo,
-                                          Hosts, HyperPodAgent, api_client_for)
+from chaos.embedded.kube.hyperpod import (REBOOT_STEPS, REPLACE_STEPS, UNSCHEDULABLE_TAINT, HostInfo, Hosts,
+                                          HyperPodAgent, api_client_for)
 from chaos.embedded.kube.resources import NODES, PODS
+from chaos.hyperpod import HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
 from kube_helpers import add_node, add_pod, wait_for
 from local_kubelet import LocalProcesses
 

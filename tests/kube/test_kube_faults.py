@@ -14,19 +14,20 @@ import threading
 
 import pytest
 
-from chaos.backends.kube_access import KubeAccess
+from chaos.cluster import Target
 from chaos.embedded.kube import ApiServer, DisruptionBudget, serve
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT,
-                                          SCHEDULABLE, HostInfo, Hosts, HyperPodAgent, api_client_for)
+from chaos.embedded.kube.hyperpod import HostInfo, Hosts, HyperPodAgent, api_client_for
 from chaos.embedded.kube.resources import NODES, PODS, prepare_new
 from chaos.embedded.sagemaker import SageMakerEndpoint
 from chaos.errors import ClusterError, InjectionError, WaitTimeout
-from chaos.faults import catalog, preempt
-from chaos.faults.base import FaultContext, Injection, Target
+from chaos.faults import catalog, preempt, registry
+from chaos.faults.base import FaultContext, Injection
 from chaos.faults.kube import (MARK, GracefulPodDelete, HyperPodReboot, HyperPodReplace, NodeDrain, PodDelete,
                                PodEvict, kube_of)
+from chaos.hyperpod import HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
 from chaos.profile.models import HyperPodSettings
 from chaos.timeline import Timeline
+from chaos.transport.kube_access import KubeAccess
 from kube_helpers import OWNER, SLEEPER, TERM_IGNORER, pod_gone, pod_ready, wait_for
 
 RAY = {"ray.io/cluster": "rc", "ray.io/node-type": "worker", "ray.io/group": "gpu"}
@@ -117,7 +118,7 @@ def test_each_kind_expects_its_budget_and_the_graceful_ones_need_a_ray_that_char
                 "hyperpod-reboot": ("worker_group", HyperPodReboot), "node-replace": ("worker_group", HyperPodReplace)}
     for kind, (budget, cls) in expected.items():
         assert catalog.kind(kind).budget_class == budget == cls.budget_class
-        assert catalog.kind(kind).fault_class() is cls
+        assert registry.fault_class(kind) is cls
     monkeypatch.setattr(preempt, "ray_version", lambda: (2, 57))
     for cls in (GracefulPodDelete, PodEvict, NodeDrain):
         with pytest.raises(InjectionError, match=rf"{cls.kind} needs Ray >= 2.58 .* charged to max_failures"):

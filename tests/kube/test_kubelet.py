@@ -20,13 +20,13 @@ from kubernetes.stream import stream
 
 from chaos.embedded import netns
 from chaos.embedded.kube import ApiServer
-from chaos.embedded.kube.hyperpod import (HEALTH_LABEL, INSTANCE_GROUP_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT,
-                                          SCHEDULABLE, HyperPodAgent, api_client_for)
+from chaos.embedded.kube.hyperpod import HyperPodAgent, api_client_for
 from chaos.embedded.kube.kubelet import HostMachine, Kubelet, ThisMachine
 from chaos.embedded.kube.resources import NODES, PODS, prepare_new
 from chaos.embedded.kube.testhost_hosts import TestHostHosts
 from chaos.embedded import testhost
 from chaos.embedded.testhost import TestHostNetwork
+from chaos.hyperpod import HEALTH_LABEL, INSTANCE_GROUP_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
 from kube_helpers import wait_for
 
 BRIDGE, SUBNET = "ckl0", "198.18.200.0/24"
@@ -355,7 +355,7 @@ def test_a_privileged_node_pod_writes_the_hosts_kernel_log_and_never_this_machin
     """The xid fault's way to a node's kernel log on Kubernetes: a one-shot privileged pod.
     On a test host it lands in the host's stand-in /dev/kmsg; on the head (this machine's root
     namespace) the real kernel log is refused by name; the pods are gone after either."""
-    from chaos.backends.kube_access import KubeAccess
+    from chaos.transport.kube_access import KubeAccess
     from chaos.errors import InjectionError
     from chaos.faults.kube import write_by_node_pod
     from chaos.faults.xid import KMSG_SCRIPT, harness_env, xid_line

@@ -10,10 +10,10 @@ import pytest
 
 from chaos import backends
 from chaos.backends.base import Backend, Host
-from chaos.cluster import ClusterView, Node
+from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import InjectionError
-from chaos.faults import catalog
-from chaos.faults.base import Fault, FaultContext, Injection, Target
+from chaos.faults import catalog, registry
+from chaos.faults.base import Fault, FaultContext, Injection
 from chaos.faults import preempt
 from chaos.faults.cuda import CudaFault
 from chaos.faults.preempt import Preempt
@@ -203,8 +203,8 @@ def test_the_ssh_backend_builds_a_jump_host_transport():
 # -- faults --------------------------------------------------------------------------------------
 def test_fault_classes_take_their_budget_class_from_the_catalog():
     for name, kind in catalog.KINDS.items():
-        if kind.impl:
-            cls = kind.fault_class()
+        if name in registry.implementations():
+            cls = registry.fault_class(name)
             assert cls.kind == name and cls.budget_class == kind.budget_class
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from chaos.errors import ProfileError
-from chaos.faults import catalog
+from chaos.faults import catalog, registry
 from chaos.profile import (Profile, ProfileInvalid, dump_profile, embedded_profile, is_secret_name, load_profile,
                            parse_profile, profile_from_dict)
 
@@ -673,4 +673,5 @@ def test_the_profiles_docs_list_every_catalog_kind_with_its_budget_and_fault():
     for name, k in catalog.KINDS.items():
         budget, impl = rows[name]
         assert budget.startswith(f"`{k.budget_class}`" if k.budget_class else "none"), (name, budget)
-        assert impl == f"`{k.impl}`" if k.impl else "planned" in impl, (name, impl)
+        cls = registry.implementations().get(name)
+        assert impl == f"`{cls.__module__}.{cls.__qualname__}`" if cls else "planned" in impl, (name, impl)

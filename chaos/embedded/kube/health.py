@@ -31,10 +31,7 @@ import re
 import stat
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
-
-if TYPE_CHECKING:
-    from chaos.embedded.kube.hyperpod import Hosts
+from typing import Callable, Iterable, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +61,12 @@ def parse_xid(line: str) -> Xid | None:
     return Xid(int(match["xid"]), match["device"], match[0].rstrip())
 
 
+class KernelLogs(Protocol):
+    """What monitoring needs of host control (``hyperpod.Hosts`` has it): each node's kernel log."""
+
+    def kernel_log(self, node_name: str) -> str | None: ...
+
+
 class HealthMonitor:
     """``HealthMonitor(hosts, nodes, report, stop).start()``: every ``poll_s`` seconds, reads what
     each node of ``nodes()`` added to its kernel log (``hosts.kernel_log(node)``) and calls
@@ -77,7 +80,7 @@ class HealthMonitor:
     one that is not a regular file is never read: the machine's own ``/dev/kmsg`` is no node's.
     """
 
-    def __init__(self, hosts: Hosts, nodes: Callable[[], Iterable[str]],
+    def __init__(self, hosts: KernelLogs, nodes: Callable[[], Iterable[str]],
                  report: Callable[[str, Xid], None], stop: threading.Event, poll_s: float = 0.2):
         self.hosts, self._nodes, self._report, self._stop, self.poll_s = hosts, nodes, report, stop, poll_s
         self._logs: dict[str, tuple[tuple, int]] = {}  # node -> ((path, st_dev, st_ino), offset)

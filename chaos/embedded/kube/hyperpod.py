@@ -60,21 +60,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from chaos.embedded.kube.health import DEFAULT_XID_ACTIONS, REBOOT, REPLACE, HealthMonitor, Xid
+from chaos.hyperpod import (COMPUTE_TYPE_LABEL, HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT,
+                            PENDING_REPLACEMENT, SCHEDULABLE, instance_id_of)
 
 log = logging.getLogger(__name__)
 
-# AWS doc "Resilience-related Kubernetes labels" (notes/kubernetes.md §5).
-HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
-SCHEDULABLE = "Schedulable"
-PENDING_REBOOT = "UnschedulablePendingReboot"
-PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
-# Seen on real HyperPod EKS nodes in public manifests and scripts (not in the AWS label doc).
-INSTANCE_GROUP_LABEL = "sagemaker.amazonaws.com/instance-group-name"
-COMPUTE_TYPE_LABEL = "sagemaker.amazonaws.com/compute-type"  # "hyperpod"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # well-known Kubernetes label
-# No AWS label carrying the EC2 instance id was found (real node names are "hyperpod-<id>"):
-# this one is ours.
-INSTANCE_ID_LABEL = "chaos.ray.io/instance-id"
+# The HyperPod node labels and their values live in chaos/hyperpod.py (the harness uses them too).
 # Kubernetes' taint for a cordoned node (node lifecycle controller); HyperPod's own taint: not found.
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
@@ -153,15 +144,6 @@ REBOOT_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed"
                 "schedulable")
 REPLACE_STEPS = ("requested", "cordoned", "host_down", "not_ready", "pods_killed", "node_deleted", "host_replacing",
                  "host_replaced", "node_created")
-
-
-def instance_id_of(node: dict) -> str | None:
-    """The node's instance id: our label, else the ``hyperpod-<id>`` node name real HyperPod EKS nodes have."""
-    meta = node.get("metadata", {})
-    instance = (meta.get("labels") or {}).get(INSTANCE_ID_LABEL)
-    if instance is None and meta.get("name", "").startswith("hyperpod-"):
-        instance = meta["name"][len("hyperpod-"):]
-    return instance
 
 
 def api_client_for(url: str, token: str = "emulated-token") -> client.ApiClient:

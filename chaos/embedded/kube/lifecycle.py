@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 from chaos.embedded.kube.status import bad_request
 
 if TYPE_CHECKING:
-    from chaos.embedded.kube.pods import Pods
+    from chaos.embedded.kube.store import Store
 
 
 class ExecProcess(Protocol):
@@ -34,12 +34,22 @@ class ExecProcess(Protocol):
     def kill(self) -> None: ...
 
 
+class PodReports(Protocol):
+    """Where a lifecycle reports: ``Pods`` (pods.py, which drives this module's hooks)."""
+
+    store: Store
+
+    def set_status(self, namespace: str, name: str, status: dict, uid: str | None = None) -> dict | None: ...
+
+    def containers_stopped(self, namespace: str, name: str, uid: str) -> None: ...
+
+
 class PodLifecycle(abc.ABC):
     """What a kubelet does for the pods bound to its nodes (``spec.nodeName`` set)."""
 
-    pods: Pods
+    pods: PodReports
 
-    def attach(self, pods: Pods) -> None:
+    def attach(self, pods: PodReports) -> None:
         """Called once by the server: ``pods`` is where status and stops are reported."""
         self.pods = pods
 
