@@ -31,6 +31,7 @@ from ray.train.v2._internal.execution.callback import (
     WorkerGroupCallback,
 )
 
+from chaos.faults.catalog import BUDGET_LIMIT_FIELDS, NEWER_FAILURE_CONFIG_FIELDS
 from chaos.train.recording import Recording
 from chaos.train.sink import ENV_SINK, NAMESPACE
 from chaos.train.tape import ENV_TAPE_FILE, TapeWriter
@@ -123,12 +124,9 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                    run_id=getattr(train_run_context, "run_id", None) or uuid.uuid4().hex,
                    run_name=run_config.name, storage_path=run_config.storage_path,
                    num_workers=getattr(train_run_context.scaling_config, "num_workers", None),
-                   failure_config={"max_failures": fc.max_failures,
-                                   "max_preemption_failures": fc.max_preemption_failures,
-                                   "controller_failure_limit": fc.controller_failure_limit,
-                                   # new in Ray 2.60 (make canary on 2.59 found the bare attribute)
-                                   "relax_collectives_on_preemption": getattr(fc, "relax_collectives_on_preemption",
-                                                                              False)})
+                   failure_config={**{f: getattr(fc, f) for f in BUDGET_LIMIT_FIELDS.values()},
+                                   # absent before their Ray (make canary on 2.59 found a bare attribute)
+                                   **{f: getattr(fc, f, absent) for f, absent in NEWER_FAILURE_CONFIG_FIELDS.items()}})
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
         error = getattr(current_state, "training_failed_error", None)

@@ -173,6 +173,33 @@ def test_a_poll_carries_the_ranks_trains_preemption_watcher_names():
     assert FailureConfig().relax_collectives_on_preemption is False
 
 
+def test_the_recorder_reports_the_catalogs_failure_config_fields():
+    """controller_started's failure_config names the catalog's fields (the limits the verdicts
+    read by budget class, and the newer ones), on this Ray and on one without the newer ones."""
+    from chaos.faults.catalog import BUDGET_LIMIT_FIELDS, NEWER_FAILURE_CONFIG_FIELDS
+
+    def reported(fc):
+        taken = []
+        rec = recorder.Recorder()
+        rec._take = lambda hook, **facts: taken.append(facts)
+        run_config = types.SimpleNamespace(name="r", storage_path="/s", failure_config=fc)
+        logger = logging.getLogger(recorder.FAILURE_POLICY_LOGGER)
+        handlers, level = list(logger.handlers), logger.level
+        try:
+            rec.after_controller_start(types.SimpleNamespace(run_id="run1", run_config=run_config,
+                                                             scaling_config=types.SimpleNamespace(num_workers=2)))
+        finally:  # the policy-log handler it installs stays out of the other tests
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+        return taken[0]["failure_config"]
+
+    fields = [*BUDGET_LIMIT_FIELDS.values(), *NEWER_FAILURE_CONFIG_FIELDS]
+    assert reported(FailureConfig(max_failures=2)) == {f: getattr(FailureConfig(max_failures=2), f) for f in fields}
+    older = types.SimpleNamespace(max_failures=2, max_preemption_failures=-1, controller_failure_limit=-1)
+    assert reported(older) == {"max_failures": 2, "max_preemption_failures": -1, "controller_failure_limit": -1,
+                               **NEWER_FAILURE_CONFIG_FIELDS}
+
+
 def test_train_reads_the_poll_intervals_the_harness_sets():
     """chaos/train/run.py shortens the controller's poll tick and chaos/faults/preempt.py
     the preemption poll by these variable names; a rename would silently undo both."""

@@ -111,6 +111,42 @@ def test_a_recovery_is_the_faulted_runs_own_attempt():
     assert recovery_metrics(s.timeline())[0].recovered_attempt == 1
 
 
+def test_the_experiments_wait_and_recovery_time_take_the_same_recovery():
+    """A warm-up fit, the faulted fit, an evaluation fit after it: the event the experiment's
+    wait after the fault returns and the attempt recovery time measures are the faulted run's
+    own (the evaluation fit's attempt reporting after the fault is neither's recovery)."""
+    import types
+
+    from chaos.experiment import Experiment
+
+    def fits(recovers):
+        s = Script().start_attempt().steps(1, 3).finish()  # the warm-up fit
+        s.new_run().start_attempt().steps(1, 12).fault(detect=1.5).decision("RETRY" if recovers else "RAISE")
+        if recovers:
+            s.start_attempt().steps(11, 20)
+        s.finish("FINISHED" if recovers else "ERRORED").new_run().start_attempt().steps(1, 3).finish()
+        return s.timeline()
+
+    def waited(tl):
+        said = []
+        stub = types.SimpleNamespace(timeline=tl, reporter=types.SimpleNamespace(say=said.append),
+                                     env=types.SimpleNamespace(timeouts=types.SimpleNamespace(recover_s=0.01)))
+        Experiment._recover(stub)
+        [line] = said
+        return next(e for e in tl.events if line == f"after the fault: {e.describe()}")
+
+    tl = fits(recovers=True)
+    [m] = recovery_metrics(tl)
+    e = waited(tl)
+    assert (e.kind, e.data["run_id"], e.attempt, e.data["step"]) == ("report", "run2", 1, 11)
+    assert m.recovered_attempt == 1 and m.time_to_recover == pytest.approx(e.t - tl.of("fault_injected")[0].t)
+    tl = fits(recovers=False)
+    [m] = recovery_metrics(tl)
+    e = waited(tl)
+    assert (e.kind, e.data["run_id"]) == ("run_finished", "run2"), e
+    assert m.recovered_attempt is None and m.time_to_recover is None
+
+
 def test_detection_is_the_faults_own_detection_event_not_a_node_death():
     """The experiment records the event the fault's predicate matched (here Train seeing the
     rank fail); metrics read that, never a re-derived rule (e.g. a later node death)."""
