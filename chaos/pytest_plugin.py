@@ -21,7 +21,7 @@ import pytest
 
 from chaos import summary
 from chaos.errors import Aborted
-from chaos.experiment import Environment, Experiment, Judging, Outcome
+from chaos.experiment import Environment, Experiment, Judging, Outcome, Timeouts
 from chaos.faults import catalog
 from chaos.faults.catalog import expected_charge
 from chaos.faults.raylet import RayletKill
@@ -62,6 +62,9 @@ def pytest_addoption(parser):
     g.addoption("--chaos-crash-loop", type=int, default=CRASH_LOOP_FAILURES, metavar="N",
                 help="under an unlimited budget (max_failures=-1), N failures in a row without a new step are "
                      f"a 'crash loop' finding (default {CRASH_LOOP_FAILURES})")
+    g.addoption("--chaos-finish-timeout", type=float, default=Timeouts.finish_s, metavar="S",
+                help="fail as 'run did not finish' (or 'driver did not exit', where Train's run ended) when the job "
+                     f"has not ended S seconds after the last fault's recovery (default {Timeouts.finish_s:.0f})")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")
@@ -132,7 +135,8 @@ def pytest_configure(config):
                                        "(make soak; make chaos ends with a short one)")
     for name, minimum in (("chaos_workers", 1), ("chaos_recovery_delay", 0), ("chaos_slo_detect", 0.001),
                           ("chaos_slo_recover", 0.001), ("chaos_stall_limit", 1), ("chaos_duration", 1),
-                          ("chaos_campaign_faults", 1), ("chaos_crash_loop", 1)):
+                          ("chaos_campaign_faults", 1), ("chaos_crash_loop", 1),
+                          ("chaos_finish_timeout", 1)):
         value = config.getoption(name)
         if value is not None and value < minimum:
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= {minimum}")
@@ -341,7 +345,8 @@ def _session(config, backend, out: Path, reporter: Reporter) -> Iterator[Environ
     from chaos.ledger import Ledger
 
     env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=config.getoption("chaos_dry_run"),
-                      tape=config.getoption("chaos_tape"))
+                      tape=config.getoption("chaos_tape"),
+                      timeouts=Timeouts(finish_s=config.getoption("chaos_finish_timeout")))
     with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
         results = config.getoption("allure_report_dir", None)
         if results:

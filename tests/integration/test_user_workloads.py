@@ -153,6 +153,31 @@ def test_run_too_short_for_its_fault_is_a_finding(standin, tmp_path):
 
 
 @pytest.mark.integration
+def test_run_that_does_not_finish_in_time_is_a_finding(standin, tmp_path):
+    """400 steps (about 2 min after the fault) against a 20 s finish timeout: a failed test
+    that says the run did not finish and still judges the resume it saw, not a harness
+    error.  The healthy twin is every suite whose run ends within the default 600 s."""
+    code, out = run_suite(standin, tmp_path, "--steps 400", "--chaos-finish-timeout", "20", tape=None)
+    assert code == 1, out[-4000:]
+    assert "run did not finish within 20 s after the last fault (job RUNNING" in out, out[-4000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in out, out[-4000:]
+    assert "[        PASS] healed" in out and "WaitTimeout" not in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_driver_that_hangs_after_fit_is_a_finding(standin, tmp_path):
+    """fit() returns, the script then waits forever: Train's run FINISHED, its job never ends.
+    The finding names the driver, not the run, and the job is stopped (healed).  The healthy
+    twin is test_correct_user_script_passes: the same script, whose driver exits."""
+    code, out = run_suite(standin, tmp_path, "--hang-after-fit", "--chaos-finish-timeout", "45", tape=None)
+    assert code == 1, out[-4000:]
+    assert "driver did not exit: Train's run ended FINISHED, but 45 s later its job was still RUNNING" in out, \
+        out[-4000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in out, out[-4000:]
+    assert "[        PASS] healed" in out and "WaitTimeout" not in out, out[-4000:]
+
+
+@pytest.mark.integration
 def test_crash_loop_under_an_unlimited_budget_is_a_finding(standin, tmp_path):
     """Every restart raises loading its checkpoint and FailureConfig(max_failures=-1) retries
     forever: after 3 failures in a row without a new step the test fails as a crash loop,

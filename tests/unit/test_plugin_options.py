@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--chaos-workload", "python train.py --api-key abc"], "--chaos-workload contains --api-key …"),
     (["--chaos-unverifiable", "ignore"], "invalid choice: 'ignore'"),
     (["--chaos-stall-limit", "0"], "--chaos-stall-limit=0.0: must be >= 1"),
+    (["--chaos-finish-timeout", "0"], "--chaos-finish-timeout=0.0: must be >= 1"),
     (["--chaos-step-metric", " , "], "--chaos-step-metric is empty"),
 ])
 def test_bad_option_values_are_clear_usage_errors(args, message, capsys, monkeypatch):
