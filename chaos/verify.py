@@ -196,16 +196,26 @@ class _RunReports:
     def resume_points(self, commit: Event, rank: int, attempt: int) -> tuple[Any, Any, str] | None:
         """(checkpoint step, expected next step, rule) for ``rank`` resuming from ``commit``
         in ``attempt``."""
-        ck = steps_of(commit).get(rank)
+        ck, whose = steps_of(commit).get(rank), ""
+        if ck is None and rank in (commit.data.get("without_ranks") or ()):
+            # Committed without this rank (preempted, under relax_collectives_on_preemption): the
+            # checkpoint is the whole run's, at the step the ranks that committed it agree on.
+            held = {s for s in steps_of(commit).values()}
+            if len(held) == 1:
+                ck = held.pop()
+                whose = (f" (committed by rank {', '.join(map(str, sorted(steps_of(commit))))} without rank {rank}, "
+                         "which was being preempted)")
         if ck is None:
             return None
         nxt = self.next_after(commit, rank)
         if nxt is not None:
-            return ck, nxt, f"the step that followed checkpoint step {ck} in attempt {commit.attempt}'s reports"
+            return ck, nxt, f"the step that followed checkpoint step {ck}{whose} in attempt {commit.attempt}'s reports"
         stride = self.strides_before(attempt).get(rank)
         if stride is not None:
-            return ck, ck + stride, f"checkpoint step {ck} + the run's reporting stride {stride} before the fault"
-        return ck, None, f"no report followed checkpoint step {ck} and the reports before the fault showed no stride"
+            return ck, ck + stride, (f"checkpoint step {ck}{whose} + the run's reporting stride {stride} before the "
+                                     "fault")
+        return ck, None, (f"no report followed checkpoint step {ck}{whose} and the reports before the fault showed "
+                          "no stride")
 
     def recommitted(self, attempt: int, rank: int, commits: list[Event]) -> Any:
         """The first step at which ``attempt`` committed a checkpoint ``rank`` had already

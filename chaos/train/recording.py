@@ -168,17 +168,18 @@ class Recording:
         if self.preempted:
             self._emit(t, "train_preemption_notice", attempt=self.attempt, preempted_ranks=self.preempted)
 
-    def _reporting_ranks(self, n: int) -> list:
-        """The ranks behind a report round's ``n`` metrics (Ray lists them in rank order, without
-        rank ids): every rank's, or — when Ray committed the survivors' alone because
-        relax_collectives_on_preemption let it go on without the preempted ranks — the
-        survivors'.  Any other count is numbered 0..n-1, as Ray's list is."""
+    def _reporting_ranks(self, n: int) -> tuple[list, list]:
+        """(the ranks behind a report round's ``n`` metrics, the ranks it was committed without).
+        Ray lists the metrics in rank order, without rank ids: every rank's, or — when Ray
+        committed the survivors' alone because relax_collectives_on_preemption let it go on
+        without the preempted ranks — the survivors'.  Any other count is numbered 0..n-1, as
+        Ray's list is."""
         if len(self.ranks) == n:
-            return self.ranks
+            return self.ranks, []
         survivors = [r for r in self.ranks if r not in self.preempted]
         if self.relax_collectives and self.preempted and len(survivors) == n:
-            return survivors
-        return list(range(n))
+            return survivors, [r for r in self.ranks if r in self.preempted]
+        return list(range(n)), []
 
     def _poll_checkpoints(self, t: float, f: dict) -> None:
         """``checkpoint_persisted`` per rank: the rank wrote this checkpoint to storage (its report
@@ -197,7 +198,7 @@ class Recording:
     def _reported(self, t: float, f: dict) -> None:
         """One event per report round, with every rank's step (and state value)."""
         metrics, checkpoint = f["metrics"], f["checkpoint"]
-        ranks = self._reporting_ranks(len(metrics))
+        ranks, without = self._reporting_ranks(len(metrics))
         steps, sources, states, refused = {}, {}, {}, {}
         for rank, m in zip(ranks, metrics):
             m = m or {}
@@ -218,6 +219,8 @@ class Recording:
             else {}
         if refused:
             extra["state_refused"] = refused
+        if without:  # a survivors' round: the checkpoint it commits is the run's, the preempted ranks' too
+            extra["without_ranks"] = without
         self._emit(t, "report", attempt=self.attempt, step=steps.get(first), steps=steps, step_sources=sources,
                    step_metric=self.step_metric, states=states or None, checkpoint=checkpoint,
                    metrics=_scalar_metrics(metrics[0] if metrics else {}), **extra)

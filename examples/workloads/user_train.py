@@ -44,6 +44,14 @@ the classic mistakes the harness must catch.
     --crash-on-preemption-notice  every rank asks ray.train.get_preemption_info() each step;
                           on the first notice rank 0 raises ValueError (a script bug in its
                           notice handler), on a node the preemption does not touch
+    --workers N           Train workers (default 2)
+    --relax-collectives   FailureConfig(relax_collectives_on_preemption=True) (Ray >= 2.60)
+    --survivors-checkpoint-on-notice  every rank asks ray.train.get_preemption_info() each step; on
+                          the notice a preempted rank stops there (reclaimed before it reports),
+                          the others save a just-in-time checkpoint of that step without it and
+                          wait for the restart: only relaxed collectives let them commit it
+    --hang-after-fit      after fit() returns, waits forever (a non-daemon thread or a process
+                          pool nobody joins): Train's run ended, the job never does
 """
 
 import argparse
@@ -51,6 +59,7 @@ import glob
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import torch
@@ -100,6 +109,12 @@ def loop(config):
         loss.backward()
         if learn:
             opt.step()
+        if config["survivors_checkpoint_on_notice"]:
+            info = ray.train.get_preemption_info()
+            if info is not None:
+                if rank not in info.preempted_ranks:
+                    report_with_checkpoint({config["metric"]: step}, step, model, opt, rank)
+                threading.Event().wait()  # the restart (or the node's end) tears this worker down
         torch.distributed.all_reduce(torch.ones(1))  # ranks step together, as DDP's gradient sync does
         time.sleep(config["step_time"])
         counted = (step - 1) % config["epoch_steps"] if config["epoch_steps"] else step
@@ -156,7 +171,8 @@ if __name__ == "__main__":
                  "--restore-previous-checkpoint", "--crash-on-restore", "--retrain-checkpoint-step",
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
-                 "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder"):
+                 "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder",
+                 "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -165,6 +181,7 @@ if __name__ == "__main__":
     p.add_argument("--slow-checkpoint-report", type=float, default=0.0)
     p.add_argument("--slow-start", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
     a = p.parse_args()
     if a.crash_before_training:
@@ -182,15 +199,18 @@ if __name__ == "__main__":
               "double_stride_after_restore": a.double_stride_after_restore,
               "crash_on_preemption_notice": a.crash_on_preemption_notice,
               "restore_newest_folder": a.restore_newest_folder, "slow_checkpoint_report": a.slow_checkpoint_report,
-              "slow_start": a.slow_start}
+              "slow_start": a.slow_start, "survivors_checkpoint_on_notice": a.survivors_checkpoint_on_notice}
+    relax = {"relax_collectives_on_preemption": True} if a.relax_collectives else {}
     if a.warmup_fit:
-        TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=2),
+        TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=a.workers),
                      run_config=RunConfig(storage_path=a.storage, name=f"{name}-warmup")).fit()
     TorchTrainer(
         loop,
         train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=a.workers),
         run_config=RunConfig(storage_path=a.storage, name=name,
                              failure_config=None if a.default_failure_config else FailureConfig(
-                                 max_failures=a.max_failures)),
+                                 max_failures=a.max_failures, **relax)),
     ).fit()
+    if a.hang_after_fit:
+        threading.Event().wait()

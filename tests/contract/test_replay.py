@@ -99,6 +99,10 @@ EXPECTED = {
     "user_crash_on_preemption_notice": {  # rank 1's node drained; rank 0 (elsewhere) raises in its notice handler
         "within-budget": ("fail", "unrelated failure: attempt 0 failed with ValueError"),
     },
+    "user_relaxed_survivors_commit": {  # 3 ranks, rank 1's node drained; ranks 0 and 2 commit without it
+        "resumed-from-latest": ("pass", "resumed at step"),
+        "within-budget": ("pass", "charged 1 to max_preemption_failures"),
+    },
     "user_retrains_first_checkpoint_step": {  # range(step, N), killed after checkpoint 1
         "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 5 on every rank"),
     },

@@ -18,6 +18,7 @@ FIXTURES = {  # test in resume_shapes.py -> contract fixture (None: none taped)
     "test_reports_only_at_checkpoints_fault_after_the_first": "user_reports_at_checkpoints_only",
     "test_restart_that_skips_a_save_interval_under_a_doubled_stride": "user_doubled_stride_after_restore",
     "test_script_crash_during_a_preemption_is_an_unrelated_failure": "user_crash_on_preemption_notice",
+    "test_survivors_commit_without_the_preempted_rank_under_relaxed_collectives": "user_relaxed_survivors_commit",
     "test_restore_of_a_checkpoint_ray_never_committed_is_named": None,  # two runs, no fixture
     "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
     "test_no_checkpoint_handed_to_train": "user_no_checkpoint",

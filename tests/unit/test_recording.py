@@ -58,7 +58,8 @@ def test_under_relaxed_collectives_a_round_without_the_preempted_rank_is_the_sur
     assert notice["preempted_ranks"] == [1] and notice["attempt"] == 0
     [report] = [e["data"] for e in events if e["kind"] == "report"]
     assert report["steps"] == {"0": 7, "2": 7}  # not renumbered 0, 1: rank 1 is the one that went
+    assert report["without_ranks"] == [1]  # the verdicts take the run's checkpoint step for rank 1 from it
     # the twin: without the run's relax setting Ray never commits a partial round; a short list
     # is numbered as Ray lists it
     [report] = [e["data"] for e in survivors_round(False, [1]) if e["kind"] == "report"]
-    assert report["steps"] == {"0": 7, "1": 7}
+    assert report["steps"] == {"0": 7, "1": 7} and "without_ranks" not in report

@@ -121,6 +121,23 @@ def test_wrong_budget_class_is_a_finding():
     assert "preemption" in v.message
 
 
+def test_the_summary_charges_each_budget_class_as_the_verdicts_count_it():
+    """summary.json's charged figures are verify.charged's (the runs the faults hit): a
+    preemption and a failure in the faulted run, an evaluation fit's own failures after it."""
+    from chaos.summary import metrics_for
+    from chaos.verify import charged
+
+    s = (Script().start_attempt().steps(1, 12).preemption().gone().decision(budget_class="preemption", limit=2)
+         .start_attempt().steps(11, 16).fault().decision().start_attempt().steps(16, 20).finish())
+    s.new_run().start_attempt().steps(1, 2).decision().start_attempt().steps(1, 2).decision().start_attempt()
+    tl = s.steps(1, 3).finish().timeline()
+    counted = charged(tl)
+    summed = metrics_for(tl, {"max_failures": 3, "max_preemption_failures": 2, "controller_failure_limit": -1})["charged"]
+    assert {c: summed[c] for c in counted} == {c: {"count": d["count"], "limit": d["limit"]} for c, d in counted.items()}
+    assert summed == {"worker_group": {"count": 1, "limit": 3}, "preemption": {"count": 1, "limit": 2},
+                      "controller": {"count": 0, "limit": -1}}
+
+
 def test_wrong_charge_count_is_a_finding():
     v = within_budget(good_run().timeline(), Expectation(charged={"worker_group": 2}))
     assert v.status == "fail" and v.diagnosis == "unexpected number of charged failures"
@@ -1044,3 +1061,36 @@ def test_a_refused_state_metric_is_unverifiable_naming_what_was_reported():
     [v] = state_restored(s.finish().timeline())
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
     assert "rank 0 reported loss = 'nan' (str), not a number" in v.message
+
+
+def survivors_commit(without, resume_at, survivor_steps=(13, 13)):
+    """Three ranks, checkpoints every 5th step; rank 1's node is preempted after step 12 and
+    ranks 0 and 2 commit checkpoint 13 without it (``without``: the recorder's without_ranks);
+    every rank of the next attempt first reports ``resume_at``."""
+    s = Script(ranks=3).start_attempt().steps(1, 12, every=5).preemption(window_s=8.0)
+    s.events.append(s._e("recorder", "train_preemption_notice", 0.0, attempt=s.attempt, preempted_ranks=[1]))
+    s.report({0: survivor_steps[0], 2: survivor_steps[1]}, "/storage/checkpoint_13")
+    if without:
+        s.events[-1].data["without_ranks"] = [1]
+    s.gone().decision(budget_class="preemption").start_attempt().steps(resume_at, 20, every=None).finish()
+    return s.timeline()
+
+
+def test_a_checkpoint_the_survivors_committed_without_a_preempted_rank_judges_that_rank_too():
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14))
+    assert v.status == "pass", v.line()
+    assert "committed by rank 0, 2 without rank 1, which was being preempted" in v.evidence["ranks"][1]["rule"], \
+        v.evidence
+    # the buggy twin: every rank restarts at 11 (a restore of checkpoint 10): rank 1 included
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=11))
+    assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
+
+
+def test_a_commit_without_a_rank_nobody_explains_or_whose_survivors_disagree_is_unverifiable():
+    # no without_ranks: nothing says why rank 1 is missing from the commit
+    [v] = resumed_from_latest(survivors_commit(without=False, resume_at=14))
+    assert v.status == "unverifiable" and "carried no step for rank 1" in v.message, v.line()
+    # the survivors committed it at different steps: which one is rank 1's is not known
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14, survivor_steps=(13, 12)))
+    assert v.status != "pass" and v.evidence["ranks"][1]["status"] == "unverifiable", v.line()
+    assert v.evidence["ranks"][1]["why"] == "the latest checkpoint's report carried no step for rank 1", v.evidence
