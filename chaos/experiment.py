@@ -137,6 +137,11 @@ class Experiment:
         for k, v in self.spec.params.items():
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, backend=env.backend)
+        try:
+            self._prepare(ctx)
+        except BaseException:
+            env._timelines.remove(self.timeline)
+            raise
         fault_env = self.run_env()
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
@@ -229,6 +234,17 @@ class Experiment:
                     {"expectation": dataclasses.asdict(self.expect), "finished": finding is None}, default=str))
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
+
+    def _prepare(self, ctx: FaultContext) -> None:
+        """What each fault needs on the hosts before the run starts (e.g. the CUDA shim); a dry
+        run touches no host."""
+        if self.env.dry_run:
+            return
+        for _, fault in self.faults:
+            for member in getattr(fault, "members", [fault]):
+                done = member.prepare(ctx)
+                if done:
+                    self.reporter.say(f"prepare: {done}")
 
     def run_env(self) -> dict[str, str]:
         """What the run's environment gets from the harness: each fault's settings, the

@@ -65,6 +65,11 @@ class Fault(abc.ABC):
     def inject(self, ctx: FaultContext, inj: Injection) -> dict:
         """Inject; return details for the ledger.  Raise InjectionError on failure."""
 
+    def prepare(self, ctx: FaultContext) -> str | None:
+        """Before the run starts: put on the cluster's hosts what ``run_env`` names, and say
+        what (most faults need nothing there: None)."""
+        return None
+
     def run_env(self) -> dict[str, str]:
         """Environment the run must be started with for this fault to be injectable."""
         return {}

@@ -1,13 +1,15 @@
 """CUDA faults: the shim makes a driver call inside one training rank fail or hang.
 
-The run is started with the shim preloaded in every process (``run_env``) and a control
-file per host; injecting writes a plan — aimed at the target rank — into the target
+Before the run starts, the shim is built on every live worker node's host through the
+backend's transport (``prepare``: no shared filesystem assumed); the run is started with it
+preloaded in every process (``run_env``) and a control file per host; injecting writes a plan — aimed at the target rank — into the target
 host's control file through its transport; reverting disarms it (which also releases a
 hung process) and collects the shim's JSON log into the timeline.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shlex
@@ -31,6 +33,22 @@ def shim_env(shim_path: str | None, control_path: str, log_path: str, driver_dir
     if driver_dir:
         env["LD_LIBRARY_PATH"] = ":".join(filter(None, [driver_dir, os.environ.get("LD_LIBRARY_PATH")]))
     return env
+
+
+def deliver_to_workers(ctx: FaultContext) -> tuple[str, int]:
+    """The shim built on every live worker node's host (where Train's workers make the CUDA
+    calls), through the backend's transports: (its path, the same on each; how many hosts).  A run's processes
+    on the head only load it if the head shares a worker's filesystem (ld.so says so and goes
+    on without it, which is harmless there: nothing on the head calls CUDA)."""
+    from chaos.shim.build import deliver_shim
+
+    hosts = {h.key: h for h in (ctx.backend.host(n.node_id) for n in ctx.cluster.alive_workers())}
+    if not hosts:
+        raise InjectionError("no live worker node to put the CUDA shim on")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+        paths = set(pool.map(lambda h: deliver_shim(h.transport, ctx.backend.python), hosts.values()))
+    [path] = paths  # one root and one source hash: every host reports the same path
+    return path, len(hosts)
 
 
 class CudaFault(Fault):
@@ -65,6 +83,12 @@ class CudaFault(Fault):
 
     def describe(self) -> str:
         return f"CUDA {self.preset} ({self.error_name}, {self.mode}) in rank {self.rank}"
+
+    def prepare(self, ctx: FaultContext) -> str | None:
+        if self.shim_path is not None:
+            return None
+        self.shim_path, hosts = deliver_to_workers(ctx)
+        return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
 
     def run_env(self) -> dict[str, str]:
         env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)

@@ -44,7 +44,7 @@ import uuid
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, placement_target
-from chaos.faults.cuda import shim_env
+from chaos.faults.cuda import deliver_to_workers, shim_env
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
 from chaos.shim.plan import Plan
@@ -178,6 +178,12 @@ class Xid(Fault):
 
     def describe(self) -> str:
         return f"Xid {self.xid} ({self.spec.error}, every driver call until reboot) on rank {self.rank}'s node"
+
+    def prepare(self, ctx: FaultContext) -> str | None:
+        if self.shim_path is not None:
+            return None
+        self.shim_path, hosts = deliver_to_workers(ctx)
+        return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
 
     def run_env(self) -> dict[str, str]:
         env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)

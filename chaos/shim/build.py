@@ -1,4 +1,4 @@
-"""Compile the CUDA fault shim, locally (cached) or on a remote host through a transport.
+"""Compile the CUDA fault shim, locally (cached) or on a cluster's host through its transport.
 
 The shim is built from source on the host that uses it rather than shipped as a binary,
 so it always matches that host's glibc.  Builds are cached by the SHA-256 of the sources,
@@ -8,11 +8,15 @@ workers on one node) never see a half-written library.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
+import json
 import os
 import shlex
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +29,9 @@ LIBRARY_NAME = "libchaos_cuda.so"
 CFLAGS = ("-O2", "-fPIC", "-shared", "-Wall")
 LIBS = ("-ldl", "-lpthread")
 DEFAULT_CACHE = Path("~/.cache/ray-chaos/shim")
+# On a cluster's hosts: absolute, so one LD_PRELOAD path fits every host whatever its $HOME.
+REMOTE_ROOT = "/var/tmp/ray-chaos/shim"
+UPLOAD_CHUNK = 3000  # base64 characters per command: a Kubernetes exec carries its command in the URL
 
 
 def compiler() -> str:
@@ -82,33 +89,42 @@ def ensure_shim(cache_dir: Path | None = None) -> Path:
     return compile_shared([SHIM_DIR / n for n in SHIM_SOURCES], target)
 
 
-def remote_build_script(cache_root: str = str(DEFAULT_CACHE)) -> str:
-    """A POSIX shell script that builds the shim on another host and prints its path.
+def deliver_shim(transport: Transport, python: str = "python3", root: str | None = None,
+                 timeout: float = 120.0) -> str:
+    """Build (or reuse) the shim on the transport's host, from sources sent through the
+    transport; returns the library's path there (the same on every host: ``root`` is absolute).
 
-    The sources travel inside the script (heredocs), so any transport that can run a
-    command is enough; the remote cache is keyed by the same hash as a local build made
-    with the remote's `cc`.
+    The sources go in chunks small enough for a Kubernetes exec, which carries its command in
+    the URL; the host needs ``python`` and ``cc`` (the build matches the host's glibc).
     """
-    root = (f'"$HOME"/{shlex.quote(cache_root[2:])}' if cache_root.startswith("~/")
-            else shlex.quote(cache_root))
-    lines = ["set -e", f"d={root}/{shim_hash('cc')}",
-             f'if [ -f "$d/{LIBRARY_NAME}" ]; then echo "$d/{LIBRARY_NAME}"; exit 0; fi',
-             'mkdir -p "$d"', 'src=$(mktemp -d)', "trap 'rm -rf \"$src\"' EXIT"]
-    for name, text in _source_texts().items():
-        lines += [f"cat > \"$src/{name}\" <<'CHAOS_SHIM_EOF'", text.rstrip("\n"), "CHAOS_SHIM_EOF"]
-    srcs = " ".join(f'"$src/{n}"' for n in SHIM_SOURCES)
-    lines += [f'tmp="$d/.{LIBRARY_NAME}.$$"',
-              f'cc {" ".join(CFLAGS)} -o "$tmp" {srcs} {" ".join(LIBS)}',
-              f'mv -f "$tmp" "$d/{LIBRARY_NAME}"', f'echo "$d/{LIBRARY_NAME}"']
-    return "\n".join(lines) + "\n"
-
-
-def ensure_remote_shim(transport: Transport, timeout: float = 120.0,
-                       cache_root: str = str(DEFAULT_CACHE)) -> str:
-    """Build (or reuse) the shim on the transport's host; returns the remote library path."""
-    script = remote_build_script(cache_root)
-    result = transport.run(f"sh -c {shlex.quote(script)}", timeout=timeout)
-    if not result.ok:
-        raise InjectionError(f"{transport.host}: building the CUDA shim failed "
-                             f"(exit {result.exit_code}):\n{(result.stderr or result.stdout).strip()}")
-    return result.stdout.strip().splitlines()[-1]
+    d = f"{root or REMOTE_ROOT}/{shim_hash('cc')}"
+    lib = f"{d}/{LIBRARY_NAME}"
+    where = transport.host
+    if transport.run(f"test -f {shlex.quote(lib)}", timeout=timeout).ok:
+        return lib
+    if not transport.run("command -v cc", timeout=timeout).ok:
+        raise InjectionError(f"{where}: no C compiler (`cc`) to build the CUDA shim: it is built on each node from "
+                             "source to match the node's glibc; install one in the node image, or build "
+                             f"{LIBRARY_NAME} there yourself and pass its path as shim_path")
+    payload = base64.b64encode(gzip.compress(json.dumps(_source_texts()).encode())).decode()
+    stage = f"{d}/.upload-{uuid.uuid4().hex[:8]}"
+    steps = [f"mkdir -p {shlex.quote(d)} && : > {shlex.quote(stage)}.b64"]
+    steps += [f"printf %s {shlex.quote(payload[i:i + UPLOAD_CHUNK])} >> {shlex.quote(stage)}.b64"
+              for i in range(0, len(payload), UPLOAD_CHUNK)]
+    unpack = ("import base64, gzip, json, os, sys; s = sys.argv[1]; os.makedirs(s); "
+              "[open(os.path.join(s, n), 'w').write(t) for n, t in "
+              "json.loads(gzip.decompress(base64.b64decode(open(s + '.b64').read()))).items()]")
+    srcs = " ".join(shlex.quote(f"{stage}/{n}") for n in SHIM_SOURCES)
+    steps += [f"{shlex.quote(python)} -c {shlex.quote(unpack)} {shlex.quote(stage)}",
+              f"cc {' '.join(CFLAGS)} -o {shlex.quote(stage)}.so {srcs} {' '.join(LIBS)} && "
+              f"mv -f {shlex.quote(stage)}.so {shlex.quote(lib)}"]
+    try:
+        for step in steps:
+            result = transport.run(step, timeout=timeout)
+            if not result.ok:
+                raise InjectionError(f"{where}: putting the CUDA shim at {lib} failed (exit {result.exit_code}): "
+                                     f"{(result.stderr or result.stdout).strip()[-2000:]}")
+    finally:
+        transport.run(f"rm -rf {shlex.quote(stage)} {shlex.quote(stage)}.b64 {shlex.quote(stage)}.so",
+                      timeout=timeout)
+    return lib

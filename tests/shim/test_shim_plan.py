@@ -145,9 +145,37 @@ def test_compile_errors_carry_the_compiler_output(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_remote_build_through_a_transport(tmp_path):
-    path = build.ensure_remote_shim(LocalTransport(), cache_root=str(tmp_path))
+class Recording(LocalTransport):
+    """The local transport, keeping every command it ran (``no_cc``: a host without a compiler)."""
+
+    def __init__(self, host="node-1", no_cc=False):
+        super().__init__(host)
+        self.commands, self.no_cc = [], no_cc
+
+    def run(self, command, timeout=30.0):
+        self.commands.append(command)
+        if self.no_cc and command == "command -v cc":
+            return super().run("exit 1")
+        return super().run(command, timeout)
+
+
+def test_the_shim_is_delivered_through_a_transport_in_commands_an_exec_url_can_carry(tmp_path):
+    transport = Recording()
+    path = build.deliver_shim(transport, root=str(tmp_path))
     assert path == f"{tmp_path}/{build.shim_hash('cc')}/libchaos_cuda.so"
     out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
     assert " cuGetProcAddress_v2" in out and " dlsym" in out
-    assert build.ensure_remote_shim(LocalTransport(), cache_root=str(tmp_path)) == path
+    # the sources (35 KB) went in several commands, none longer than a Kubernetes exec URL allows
+    assert len(transport.commands) > 4 and max(map(len, transport.commands)) < 4096, \
+        sorted(map(len, transport.commands))[-3:]
+    assert [p.name for p in (tmp_path / build.shim_hash("cc")).iterdir()] == ["libchaos_cuda.so"]  # no staging left
+    again = Recording()
+    assert build.deliver_shim(again, root=str(tmp_path)) == path and len(again.commands) == 1  # already there
+
+
+def test_a_host_without_a_compiler_is_named_and_left_clean(tmp_path):
+    with pytest.raises(InjectionError, match=r"node-1: no C compiler \(`cc`\) to build the CUDA shim"):
+        build.deliver_shim(Recording(no_cc=True), root=str(tmp_path))
+    assert not (tmp_path / build.shim_hash("cc")).exists()
+
+

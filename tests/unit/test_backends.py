@@ -23,6 +23,7 @@ from chaos.pytest_plugin import Chaos
 from chaos.safety import NodeInfo, TargetRefused
 from chaos.train.run import reference_spec, user_spec
 from chaos.transport.base import CommandResult
+from chaos.transport.local import LocalTransport
 
 HEAD = Node("h" * 56, "10.0.0.1", True, True, 1.0, None, None, {}, {})
 W2 = Node("a" * 56, "10.0.0.2", True, False, 1.0, None, None, {}, {"pool": "spot"})
@@ -248,6 +249,42 @@ def test_one_fault_object_injected_twice_keeps_each_injection_apart():
     assert details[0]["plan_id"] != details[1]["plan_id"]
     assert [i.evidence["plan"] for i in injections] == [d["plan"] for d in details]
     assert fault.revert_plan(injections[0])["host"] == "10.0.0.2"
+
+
+class KeepingLocal(LocalTransport):
+    """This machine, under another host's name, keeping the commands it ran."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.commands = []
+
+    def run(self, command, timeout=30.0):
+        self.commands.append(command)
+        return super().run(command, timeout)
+
+
+class LocalHosts(Minimal):
+    """Every host is this machine."""
+
+    def connect(self, key):
+        return KeepingLocal(key)
+
+
+def test_the_cuda_shim_is_put_on_every_worker_host_before_the_run_and_preloaded_from_there(tmp_path, monkeypatch):
+    from chaos.shim import build
+
+    monkeypatch.setattr(build, "REMOTE_ROOT", str(tmp_path / "remote"))
+    b = LocalHosts()
+    b.cluster = FakeView(HEAD, W2, W3)
+    fault = CudaFault("ecc", rank=1)
+    done = fault.prepare(FaultContext(cluster=b.cluster, timeline=None, backend=b))
+    path = f"{tmp_path}/remote/{build.shim_hash('cc')}/libchaos_cuda.so"
+    assert done == f"the CUDA shim at {path} on 2 worker hosts", done
+    assert fault.run_env()["LD_PRELOAD"] == path
+    assert all(b.reach(ip).transport.commands for ip in ("10.0.0.2", "10.0.0.3"))
+    assert "10.0.0.1" not in b._hosts  # the head runs no rank: nothing is put there
+    # a fault given a library already on the nodes puts nothing anywhere
+    assert CudaFault("ecc", rank=1, shim_path="/opt/shim.so").prepare(None) is None
 
 
 # -- expectations from the faults -----------------------------------------------------------------
