@@ -51,6 +51,25 @@ def deliver_to_workers(ctx: FaultContext) -> tuple[str, int]:
     return path, len(hosts)
 
 
+def check_shim_loaded(transport, target: Target, shim_path: str) -> None:
+    """Refuse to arm unless the target rank's process has the shim mapped: a process started
+    without it (a node that joined after the run started, an environment that overrides
+    LD_PRELOAD) would never see the fault, and the test would wait for nothing."""
+    pid = target.pid
+    if pid is None:
+        raise InjectionError(f"{transport.host}: no PID for rank {target.rank} in the run's placement, so nothing "
+                             "shows its process loaded the CUDA shim: not armed")
+    maps = f"/proc/{int(pid)}/maps"
+    seen = transport.run(f"if [ ! -r {maps} ]; then echo gone; elif grep -qF {shlex.quote(shim_path)} {maps}; "
+                         "then echo loaded; else echo missing; fi", timeout=30)
+    state = seen.stdout.strip()
+    if state == "loaded":
+        return
+    why = {"gone": "is gone", "missing": f"has not loaded the CUDA shim {shim_path} (not in {maps})"}.get(
+        state, f"could not be checked ({seen.stderr.strip() or state or 'no answer'})")
+    raise InjectionError(f"{transport.host}: rank {target.rank}'s process (PID {pid}) {why}: not armed")
+
+
 class CudaFault(Fault):
     kind = "cuda"
     kills_node = False
@@ -107,9 +126,10 @@ class CudaFault(Fault):
 
     def revert_plan(self, inj: Injection) -> dict:
         return {"action": "disarm-cuda-shim", "host": inj.host.key, "control": self.control_path,
-                "command": control_command(self.control_path, None)[:80] + "..."}
+                "log": self.log_path, "command": control_command(self.control_path, None)[:80] + "..."}
 
     def inject(self, ctx: FaultContext, inj: Injection) -> dict:
+        check_shim_loaded(inj.host.transport, inj.target, self.shim_path)
         plan = self._plan()
         inj.evidence["plan"] = plan.render()
         result = inj.host.transport.run(control_command(self.control_path, plan, python=ctx.backend.python),
@@ -135,7 +155,10 @@ class CudaFault(Fault):
 
     @classmethod
     def sweep(cls, plan: dict, backend) -> bool:
-        """Disarm the control file on the host the plan names."""
-        command = control_command(plan["control"], None, python=backend.python)
-        backend.reach(plan["host"]).transport.run(command, timeout=60).check()
+        """Disarm the control file on the host the plan names, then remove it and the shim's log
+        there (a disarmed file maps nothing any process still needs)."""
+        transport = backend.reach(plan["host"]).transport
+        transport.run(control_command(plan["control"], None, python=backend.python), timeout=60).check()
+        files = [plan["control"]] + ([plan["log"]] if plan.get("log") else [])
+        transport.run("rm -f " + " ".join(shlex.quote(f) for f in files), timeout=60).check()
         return True

@@ -44,7 +44,7 @@ import uuid
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, placement_target
-from chaos.faults.cuda import deliver_to_workers, shim_env
+from chaos.faults.cuda import check_shim_loaded, deliver_to_workers, shim_env
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
 from chaos.shim.plan import Plan
@@ -194,7 +194,7 @@ class Xid(Fault):
         return placement_target(ctx, self.rank)
 
     def revert_plan(self, inj: Injection) -> dict:
-        return {"action": "disarm-xid", "host": inj.host.key, "control": self.control_path,
+        return {"action": "disarm-xid", "host": inj.host.key, "control": self.control_path, "log": self.log_path,
                 "why": "the node's dead-GPU plan is disarmed; the kernel-log stand-in of a test host is emptied; "
                        "what the node agent set is listed, never cleared"}
 
@@ -205,6 +205,7 @@ class Xid(Fault):
         boot_id = got.stdout.strip()
         if not got.ok or not re.fullmatch(r"[0-9a-f-]{36}", boot_id):
             raise InjectionError(f"cannot read the boot id of {transport.host}: {got.stderr.strip() or boot_id!r}")
+        check_shim_loaded(transport, inj.target, self.shim_path)
         kube = getattr(ctx.backend, "kube", None)
         node = self._kube_node(ctx, inj) if kube is not None else None
         watch = None
@@ -307,6 +308,8 @@ class Xid(Fault):
         (a regular file; a real /dev/kmsg is never touched), and list what a node agent set."""
         host = backend.reach(plan["host"])
         host.transport.run(control_command(plan["control"], None, python=backend.python), timeout=60).check()
+        files = [plan["control"]] + ([plan["log"]] if plan.get("log") else [])
+        host.transport.run("rm -f " + " ".join(shlex.quote(f) for f in files), timeout=60).check()
         host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
         settings = getattr(getattr(backend, "profile", None), "kubernetes", None)
         if settings is not None:

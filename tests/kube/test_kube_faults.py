@@ -552,10 +552,11 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
 
         pod(server, "chaos-node-shell-left", None, labels=dict(NODE_SHELL_LABELS))
         with caplog.at_level("WARNING", logger="chaos.faults.xid"):
-            assert Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl"},
-                             Backend) is True
+            assert Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl",
+                              "log": "/tmp/chaos-xid-x.jsonl"}, Backend) is True
         assert "/dev/shm/chaos-xid-x.ctl" in commands[0] and commands[0].endswith("/dev/shm/chaos-xid-x.ctl ''")
-        assert "[ ! -c /dev/kmsg ]" in commands[1], "the stand-in is emptied only where it is not the device"
+        assert commands[1] == "rm -f /dev/shm/chaos-xid-x.ctl /tmp/chaos-xid-x.jsonl", "the session's files go too"
+        assert "[ ! -c /dev/kmsg ]" in commands[2], "the stand-in is emptied only where it is not the device"
         listed = [r.getMessage() for r in caplog.records]
         assert len(listed) == 1 and "node hyperpod-a carries" in listed[0] and "NvidiaErrorReboot" in listed[0], listed
         after = server.store.get(NODES.plural, None, "hyperpod-a")

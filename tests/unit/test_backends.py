@@ -240,11 +240,38 @@ def test_a_ray_without_the_preemption_budget_is_refused(monkeypatch):
         Preempt()
 
 
+class MapsSay(FakeTransport):
+    """A host whose /proc/PID/maps check answers ``state`` (loaded, missing, gone)."""
+
+    def __init__(self, host, state="loaded"):
+        super().__init__(host)
+        self.state = state
+
+    def run(self, command, timeout=30):
+        self.commands.append(command)
+        return CommandResult(self.host, command, 0, f"{self.state}\n" if "/maps" in command else "", "")
+
+
+class Shimmed(Minimal):
+    """Hosts whose /proc/PID/maps check answers ``state``."""
+
+    state = "loaded"
+
+    def connect(self, key):
+        return MapsSay(key, self.state)
+
+
+def shimmed(state="loaded") -> Shimmed:
+    b = Shimmed()
+    b.state, b.cluster = state, FakeView(HEAD, W2)
+    return b
+
+
 def test_one_fault_object_injected_twice_keeps_each_injection_apart():
     fault = CudaFault("ecc", rank=1, shim_path="/x")
-    b = minimal(HEAD, W2)
+    b = shimmed()
     ctx = FaultContext(cluster=b.cluster, timeline=None, backend=b)
-    injections = [Injection(fault, target(W2), b.host(W2.node_id)) for _ in range(2)]
+    injections = [Injection(fault, Target(W2.node_id, W2.ip, rank=1, pid=4242), b.host(W2.node_id)) for _ in range(2)]
     details = [fault.inject(ctx, inj) for inj in injections]
     assert details[0]["plan_id"] != details[1]["plan_id"]
     assert [i.evidence["plan"] for i in injections] == [d["plan"] for d in details]
@@ -285,6 +312,21 @@ def test_the_cuda_shim_is_put_on_every_worker_host_before_the_run_and_preloaded_
     assert "10.0.0.1" not in b._hosts  # the head runs no rank: nothing is put there
     # a fault given a library already on the nodes puts nothing anywhere
     assert CudaFault("ecc", rank=1, shim_path="/opt/shim.so").prepare(None) is None
+
+
+@pytest.mark.parametrize("state, pid, message", [
+    ("missing", 4242, r"10.0.0.2: rank 1's process \(PID 4242\) has not loaded the CUDA shim /x \(not in /proc/4242/maps\)"),
+    ("gone", 4242, r"10.0.0.2: rank 1's process \(PID 4242\) is gone"),
+    ("loaded", None, r"10.0.0.2: no PID for rank 1 in the run's placement"),
+])
+def test_a_cuda_fault_is_not_armed_in_a_process_without_the_shim(state, pid, message):
+    fault = CudaFault("ecc", rank=1, shim_path="/x")
+    b = shimmed(state)
+    transport = b.host(W2.node_id).transport
+    with pytest.raises(InjectionError, match=message + ".*not armed"):
+        fault.inject(FaultContext(cluster=b.cluster, timeline=None, backend=b),
+                     Injection(fault, Target(W2.node_id, W2.ip, rank=1, pid=pid), b.host(W2.node_id)))
+    assert not any(".ctl" in c for c in transport.commands)  # the control file was never written
 
 
 # -- expectations from the faults -----------------------------------------------------------------

@@ -194,13 +194,14 @@ class FakeBackend:
 def test_sweep_reverts_what_a_dead_session_left(tmp_path):
     ledger = Ledger(tmp_path / "l.jsonl")
     cuda = ledger.record("cuda", {"node_ip": "10.0.0.2"}, {"action": "disarm-cuda-shim", "host": "10.0.0.2",
-                                                            "control": "/dev/shm/x.ctl"})
+                                                            "control": "/dev/shm/x.ctl", "log": "/tmp/x.jsonl"})
     ledger.mark(cuda, "injected")
     kill = ledger.record("raylet-kill", {"node_ip": "10.0.0.3"}, {"action": "none"})
     backend = FakeBackend(FakeTransport())
     left = sweep(Ledger(tmp_path / "l.jsonl"), backend, say=lambda *_: None)
     assert left == [] and backend.keys == ["10.0.0.2"]
-    assert len(backend.transport.commands) == 1 and "/dev/shm/x.ctl" in backend.transport.commands[0]
+    disarm, remove = backend.transport.commands  # disarmed, then its files removed from the host
+    assert "/dev/shm/x.ctl" in disarm and remove == "rm -f /dev/shm/x.ctl /tmp/x.jsonl", remove
     states = {k: v["state"] for k, v in ledger.entries().items()}
     assert states == {cuda: "reverted", kill: "nothing-to-revert"}
 
