@@ -24,12 +24,10 @@ def _sweep(args) -> int:
     from chaos import backends
     from chaos.ledger import sweep
 
-    if args.profile:
-        from chaos.profile import load_profile
+    from chaos.profile import load_profile
 
-        backend = backends.for_profile(load_profile(args.profile))
-    else:
-        backend = backends.EmbeddedBackend()  # an embedded cluster's hosts are this machine
+    # No profile: the embedded backend, whose hosts are this machine.
+    backend = backends.for_profile(load_profile(args.profile) if args.profile else None)
     try:
         left = sweep(Ledger(Path(args.ledger)), backend)
     finally:

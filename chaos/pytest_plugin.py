@@ -336,7 +336,7 @@ def _embedded_backend(config, out: Path, reporter: Reporter):
              else f"loopback processes on {cfg.loopback_block()}.x" + ("" if supported else f" (no test hosts: {why})"))
     reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                  f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
-    return backends.EmbeddedBackend(cfg, storage_path=str(out / "storage"))
+    return backends.for_profile(None, config=cfg, storage_path=str(out / "storage"))
 
 
 @contextlib.contextmanager
@@ -360,7 +360,7 @@ def _embedded_kubernetes(config, out: Path, reporter: Reporter):
     """The embedded Kubernetes cluster, driven through its profile by the kubernetes backend."""
     import time
 
-    from chaos.backends.kubernetes import KubernetesBackend
+    from chaos import backends
     from chaos.embedded.kubernetes import EmbeddedKubernetes, KubeClusterConfig
     from chaos.embedded.testhost import testhosts_supported
     from chaos.profile import profile_from_dict
@@ -382,9 +382,8 @@ def _embedded_kubernetes(config, out: Path, reporter: Reporter):
     try:
         reporter.say(f"embedded Kubernetes cluster up in {time.monotonic() - t0:.1f} s: API {cluster.server.url}, "
                      f"kubeconfig {cluster.kubeconfig}, dashboard {cluster.dashboard_url}")
-        backend = KubernetesBackend(profile_from_dict(cluster.profile(), source="--chaos-kubernetes"))
-        backend.embedded_kubernetes = cluster
-        yield backend
+        yield backends.for_profile(profile_from_dict(cluster.profile(), source="--chaos-kubernetes"),
+                                   embedded_kubernetes=cluster)
     finally:
         cluster.down()
         reporter.say("embedded Kubernetes cluster stopped")
@@ -524,7 +523,7 @@ class Chaos:
         from chaos.faults import kube
 
         cls = getattr(kube, name)
-        if getattr(self.env.backend, "kube", None) is None:
+        if self.env.backend.kube is None:
             pytest.skip(f"{cls.kind} needs the Kubernetes API: this session's backend is {self.env.backend.label}")
         return cls(**kwargs)
 
@@ -589,15 +588,13 @@ class Chaos:
     @property
     def embedded(self):
         """The embedded cluster (chaos.embedded.cluster.EmbeddedCluster), None on a profile's cluster."""
-        from chaos.backends import EmbeddedBackend
-
-        return self.env.backend.embedded if isinstance(self.env.backend, EmbeddedBackend) else None
+        return self.env.backend.embedded
 
     @property
     def embedded_kubernetes(self):
         """The embedded Kubernetes cluster (chaos.embedded.kubernetes.EmbeddedKubernetes) under
         --chaos-kubernetes, else None."""
-        return getattr(self.env.backend, "embedded_kubernetes", None)
+        return self.env.backend.embedded_kubernetes
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ def steps_for(duration_s: float, faults: int) -> int:
 
 def backend_kinds(chaos) -> list[str]:
     """The kinds this session's backend injects reliably (charged as the catalog says)."""
-    if getattr(chaos.env.backend, "kube", None) is not None:
+    if chaos.env.backend.kube is not None:
         return ["pod-delete", "hyperpod-reboot", "raylet-kill"]
     kinds = ["raylet-kill", "worker-kill", "preempt"]
     workers = chaos.env.cluster.alive_workers()

@@ -108,7 +108,7 @@ def test_raylet_kill_through_exec_then_hyperpod_reboot_through_boto3(chaos):
     ``ray start --block`` exits, the pod fails and KubeRay replaces it; Train restarts on the
     spare node.  Then ``batch_reboot_cluster_nodes`` through boto3 against the SageMaker API
     reboots the node rank 1 runs on next (new boot id)."""
-    if getattr(chaos.env.backend, "kube", None) is None:
+    if chaos.env.backend.kube is None:
         pytest.skip(f"needs the Kubernetes API: this session's backend is {chaos.env.backend.label}")
     outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=30, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), RayletKill(rank=1, method="sigkill")),

@@ -1,7 +1,8 @@
 """Backends by name: how the harness reaches a cluster (see base.Backend).
 
-No profile means the embedded cluster; a profile is run by the one registered backend
-that serves it.  A new backend is one module here plus one line in BACKENDS.
+Every backend, the embedded one included, is chosen the same way: by the one registered
+class that serves the profile (None: the embedded cluster).  A new backend is one module
+here plus its class in BACKENDS, keyed by the class's own ``name``.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from chaos.backends.kubernetes import KubernetesBackend
 from chaos.backends.ssh import SSHBackend
 from chaos.errors import ProfileError
 
-BACKENDS: dict[str, type[Backend]] = {
-    "embedded": EmbeddedBackend,
-    "ssh": SSHBackend,
-    "kubernetes": KubernetesBackend,
-}
+BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (EmbeddedBackend, SSHBackend, KubernetesBackend)}
 
 
-def for_profile(profile) -> Backend:
-    """The backend for the cluster ``profile`` describes."""
+def for_profile(profile, **options) -> Backend:
+    """The backend for the cluster ``profile`` describes (None: the embedded cluster), built
+    with ``options``, the chosen class's own keyword arguments."""
     serving = [name for name, cls in BACKENDS.items() if cls.serves(profile)]
     if not serving:
         transports = sorted({profile.hosts.defaults.transport, *(o.transport for o in profile.hosts.overrides
@@ -29,7 +27,7 @@ def for_profile(profile) -> Backend:
                            f"(backends: {', '.join(BACKENDS)})")
     if len(serving) > 1:
         raise ProfileError(f"profile {profile.name!r}: several backends would run it ({', '.join(serving)})")
-    return BACKENDS[serving[0]](profile)
+    return BACKENDS[serving[0]](profile, **options)
 
 
 __all__ = ["BACKENDS", "Backend", "EmbeddedBackend", "Host", "KubernetesBackend", "SSHBackend", "for_profile"]

@@ -33,8 +33,11 @@ from chaos.safety import HealthGuard, LiveFaults, NodeInfo, Safety, TargetRefuse
 from chaos.transport.base import Transport
 
 if TYPE_CHECKING:
+    from chaos.embedded.cluster import EmbeddedCluster
+    from chaos.embedded.kubernetes import EmbeddedKubernetes
     from chaos.embedded.netns import Console
     from chaos.profile import Profile
+    from chaos.transport.kube_access import KubeAccess
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +98,22 @@ class Backend(abc.ABC):
     abstract methods (facts); the rest — hosts by node id, target checks, the session — is
     shared."""
 
-    #: the registry's name for it (chaos.backends.BACKENDS)
+    #: the registry's name for it, written only here (chaos.backends.BACKENDS is keyed by it)
     name: ClassVar[str] = ""
     #: interpreter on the hosts, for small helper scripts
     python: str = "python3"
     #: whether something besides the harness may drain this cluster's nodes (a spot reclaim,
     #: an autoscaler): then Train's preemption watcher stays on in every run
     external_drains: bool = True
+
+    # Optional capabilities, declared here so that every caller reads them the same way; a
+    # backend that has one sets it itself (constructor or _open), never its caller.
+    #: the Kubernetes API, for the faults and checks that act through it
+    kube: "KubeAccess | None" = None
+    #: the harness's own embedded cluster (chaos.embedded.cluster), while the session runs
+    embedded: "EmbeddedCluster | None" = None
+    #: the harness's own emulated Kubernetes cluster (chaos.embedded.kubernetes), under --chaos-kubernetes
+    embedded_kubernetes: "EmbeddedKubernetes | None" = None
 
     def __init__(self, profile: "Profile | None" = None, safety: SafetySettings | None = None):
         """``profile``: the cluster's profile, whose safety section applies; without one,
@@ -126,8 +138,8 @@ class Backend(abc.ABC):
 
     # -- what each backend supplies ------------------------------------------------
     @classmethod
-    def serves(cls, profile: "Profile") -> bool:
-        """Whether this backend runs the cluster ``profile`` describes."""
+    def serves(cls, profile: "Profile | None") -> bool:
+        """Whether this backend runs the cluster ``profile`` describes (None: the embedded one)."""
         return False
 
     @property

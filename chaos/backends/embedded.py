@@ -30,14 +30,20 @@ class EmbeddedBackend(Backend):
     external_drains = False  # only the harness's own faults drain its nodes
     python = sys.executable  # the hosts are this machine's namespaces or processes
 
-    def __init__(self, config: "EmbeddedConfig | None" = None, storage_path: str = "reports/storage"):
+    @classmethod
+    def serves(cls, profile) -> bool:
+        return profile is None
+
+    def __init__(self, profile: None = None, config: "EmbeddedConfig | None" = None,
+                 storage_path: str = "reports/storage"):
+        """``profile``: None, as for every backend the registry's ``for_profile`` builds (the
+        embedded cluster has no profile)."""
         from chaos.embedded.cluster import EmbeddedConfig
 
         self.config = config or EmbeddedConfig()
         # The harness's own cluster: every worker may be hit, the head never.
-        super().__init__(safety=SafetySettings(allow_all_workers=True, max_live_faults=self.config.workers))
+        super().__init__(profile, safety=SafetySettings(allow_all_workers=True, max_live_faults=self.config.workers))
         self._storage_path = storage_path
-        self.embedded: "EmbeddedCluster | None" = None  # while the session runs
 
     @property
     def label(self) -> str:

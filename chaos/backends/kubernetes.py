@@ -10,6 +10,8 @@ and of the Kubernetes node under it, so an allowlist can select e.g.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ray
 
 from chaos.backends.base import Backend, Host, profile_view, ray_node_info
@@ -20,6 +22,9 @@ from chaos.transport.kube import KubeExecTransport
 from chaos.transport.kube_access import KubeAccess, PodRef
 from chaos.waits import poll_until
 
+if TYPE_CHECKING:
+    from chaos.embedded.kubernetes import EmbeddedKubernetes
+
 COMMAND_TIMEOUT_S = 60.0
 
 
@@ -28,16 +33,18 @@ class KubernetesBackend(Backend):
 
     @classmethod
     def serves(cls, profile) -> bool:
-        return profile.kubernetes is not None
+        return profile is not None and profile.kubernetes is not None
 
     @property
     def external_drains(self) -> bool:
         """A real cluster's platform may drain; the embedded one only by the harness's faults."""
         return self.embedded_kubernetes is None
 
-    def __init__(self, profile, kube: KubeAccess | None = None):
+    def __init__(self, profile, kube: KubeAccess | None = None,
+                 embedded_kubernetes: "EmbeddedKubernetes | None" = None):
         """``kube``: an API connection to use instead of the one the profile's
-        kubernetes section describes (opened in ``_open``)."""
+        kubernetes section describes (opened on first use); ``embedded_kubernetes``: the
+        harness's own emulated cluster that ``profile`` describes (--chaos-kubernetes)."""
         super().__init__(profile=profile)
         hosts = profile.hosts
         given = ([("hosts.defaults.transport", hosts.defaults.transport)]
@@ -48,12 +55,19 @@ class KubernetesBackend(Backend):
         if other:
             raise ProfileError(f"profile {profile.name!r}: the kubernetes backend reaches every Ray pod by exec "
                                f"through the API server; {', '.join(other)} cannot be served (use transport: k8s)")
-        self.kube = kube
+        self._kube = kube
         self._given_kube = kube is not None
         self._baseline = 0  # alive Ray workers when the session started
         self._pod_baseline = 0  # Running+Ready worker pods then
-        #: the harness's own emulated cluster (chaos.embedded.kubernetes), under --chaos-kubernetes
-        self.embedded_kubernetes = None
+        self.embedded_kubernetes = embedded_kubernetes
+
+    @property
+    def kube(self) -> KubeAccess:
+        """The API: the session's, or outside one (``ray-chaos sweep``) the one the profile
+        describes, opened on first use."""
+        if self._kube is None:
+            self._kube = KubeAccess.from_settings(self.profile.kubernetes)
+        return self._kube
 
     @property
     def label(self) -> str:
@@ -65,8 +79,6 @@ class KubernetesBackend(Backend):
 
     def _open(self) -> ClusterView:
         settings = self.profile.kubernetes
-        if self.kube is None:
-            self.kube = KubeAccess.from_settings(settings)
         version = self.kube.server_version()
         raycluster = self.kube.raycluster()
         view = profile_view(self.profile, f"{self.kube.cluster_ref} (profile {self.profile.name!r})")
@@ -87,9 +99,9 @@ class KubernetesBackend(Backend):
 
     def _close(self) -> None:
         ray.shutdown()
-        if self.kube is not None and not self._given_kube:
-            self.kube.api_client.close()
-            self.kube = None
+        if self._kube is not None and not self._given_kube:
+            self._kube.api_client.close()
+            self._kube = None
 
     # -- facts ------------------------------------------------------------------------------------
     def pod_of(self, target: "Target") -> PodRef:

@@ -29,7 +29,7 @@ class SSHBackend(Backend):
 
     @classmethod
     def serves(cls, profile) -> bool:
-        if profile.kubernetes is not None:  # pods are reached through the Kubernetes API
+        if profile is None or profile.kubernetes is not None:  # pods are reached through the Kubernetes API
             return False
         hosts = profile.hosts
         return all(t in TRANSPORTS for t in [hosts.defaults.transport, *(o.transport for o in hosts.overrides)]

@@ -54,19 +54,11 @@ T = TypeVar("T")
 
 # -- shared plumbing ---------------------------------------------------------------
 def kube_of(backend, kind: str):
-    """The backend's KubeAccess (API failures through it are ClusterErrors naming the verb,
-    the resource and, for RBAC, the identity).  A Kubernetes backend that has not been
-    opened (``ray-chaos sweep``) gets one from its profile."""
-    kube = getattr(backend, "kube", None)
-    if kube is not None:
-        return kube
-    settings = getattr(getattr(backend, "profile", None), "kubernetes", None)
-    if settings is None:
-        raise InjectionError(f"{kind} needs the Kubernetes backend (a profile with a kubernetes: section); this "
-                             f"session's backend is {type(backend).__name__}")
-    from chaos.transport.kube_access import KubeAccess
-
-    backend.kube = KubeAccess.from_settings(settings)
+    """The backend's Kubernetes API (API failures through it are ClusterErrors naming the verb,
+    the resource and, for RBAC, the identity); a backend without one is refused by name."""
+    if backend.kube is None:
+        raise InjectionError(f"{kind} needs the Kubernetes API (a profile with a kubernetes: section); this "
+                             f"session's backend {backend.label} has none")
     return backend.kube
 
 

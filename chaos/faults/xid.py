@@ -206,7 +206,7 @@ class Xid(Fault):
         if not got.ok or not re.fullmatch(r"[0-9a-f-]{36}", boot_id):
             raise InjectionError(f"cannot read the boot id of {transport.host}: {got.stderr.strip() or boot_id!r}")
         check_shim_loaded(transport, inj.target, self.shim_path)
-        kube = getattr(ctx.backend, "kube", None)
+        kube = ctx.backend.kube
         node = self._kube_node(ctx, inj) if kube is not None else None
         watch = None
         if node is not None:  # listed before the line exists: the watch misses nothing the agent does
@@ -311,13 +311,12 @@ class Xid(Fault):
         files = [plan["control"]] + ([plan["log"]] if plan.get("log") else [])
         host.transport.run("rm -f " + " ".join(shlex.quote(f) for f in files), timeout=60).check()
         host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
-        settings = getattr(getattr(backend, "profile", None), "kubernetes", None)
-        if settings is not None:
-            from chaos.faults.kube import _list_nodes, delete_node_shells, kube_of
+        kube = backend.kube
+        if kube is not None:
+            from chaos.faults.kube import _list_nodes, delete_node_shells
 
-            kube = kube_of(backend, cls.kind)
             delete_node_shells(kube)  # one left by a killed session could still write its line
-            signals = AgentSignals.from_settings(settings.node_agent)
+            signals = AgentSignals.from_settings(backend.profile.kubernetes.node_agent)
             for node in _list_nodes(kube)["items"]:
                 found = signals.on(node)
                 if found:

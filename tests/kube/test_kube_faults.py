@@ -138,8 +138,10 @@ def test_bad_settings_are_refused_by_name(make, message):
 
 
 def test_a_backend_without_kubernetes_is_refused_by_name():
-    with pytest.raises(InjectionError, match="pod-delete needs the Kubernetes backend .* backend is object"):
-        kube_of(object(), "pod-delete")
+    from chaos.backends import EmbeddedBackend
+
+    with pytest.raises(InjectionError, match="pod-delete needs the Kubernetes API .* backend embedded-plain has none"):
+        kube_of(EmbeddedBackend(), "pod-delete")
 
 
 # -- pod delete --------------------------------------------------------------------------------------

@@ -124,8 +124,67 @@ def test_a_kubernetes_profile_is_served_by_the_kubernetes_backend_only():
     assert isinstance(backends.for_profile(profile(kubernetes={"ray_cluster": "rc"})), KubernetesBackend)
 
 
-def test_every_registered_backend_has_its_registry_name():
-    assert all(cls.name == name for name, cls in backends.BACKENDS.items())
+def test_each_backend_class_declares_its_name_once_and_the_registry_maps_it():
+    import inspect
+
+    classes = [cls for _, cls in inspect.getmembers(backends, inspect.isclass)
+               if issubclass(cls, Backend) and not inspect.isabstract(cls)]
+    assert sorted(backends.BACKENDS) == sorted(cls.name for cls in classes) == ["embedded", "kubernetes", "ssh"]
+    for cls in classes:
+        assert "name" in vars(cls) and backends.BACKENDS[cls.name] is cls
+
+
+def test_no_profile_picks_the_embedded_backend_through_the_registry_with_its_options():
+    from chaos.embedded.cluster import EmbeddedConfig
+
+    config = EmbeddedConfig(workers=3)
+    b = backends.for_profile(None, config=config, storage_path="/tmp/s")
+    assert isinstance(b, backends.EmbeddedBackend) and (b.config, b.storage_path) == (config, "/tmp/s")
+    assert b.profile is None and b.live_faults.max_live == 3
+
+
+def test_optional_capabilities_are_declared_on_every_backend_and_absent_by_default():
+    b = minimal(HEAD)
+    assert (b.kube, b.embedded, b.embedded_kubernetes) == (None, None, None)
+    assert backends.EmbeddedBackend().kube is None
+    cluster = object()
+    k = backends.for_profile(profile(kubernetes={"ray_cluster": "rc"}), kube="api", embedded_kubernetes=cluster)
+    assert (k.kube, k.embedded_kubernetes, k.external_drains) == ("api", cluster, False)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in catalog.KINDS
+                                         if registry.fault_class(k).__module__ == "chaos.faults.kube"))
+def test_a_kubernetes_fault_kind_on_a_backend_without_the_api_is_refused_naming_both(kind):
+    from chaos.faults.kube import kube_of
+
+    with pytest.raises(InjectionError, match=rf"^{kind} needs the Kubernetes API .* backend minimal has none$"):
+        kube_of(minimal(HEAD), kind)
+
+
+def test_no_module_attaches_a_capability_to_a_backend_from_outside():
+    """A backend sets its own capabilities: ``X.kube = ...`` (or setattr) with X not ``self``
+    anywhere in chaos/ is a capability attached from outside."""
+    import ast
+    from pathlib import Path
+
+    capabilities = {"kube", "embedded", "embedded_kubernetes"}
+    assert all(name in vars(Backend) and getattr(Backend, name) is None for name in capabilities)
+    root = Path(backends.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            attrs = [t for target in targets for t in ast.walk(target)
+                     if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)]
+            bad = [a for a in attrs if a.attr in capabilities
+                   and not (isinstance(a.value, ast.Name) and a.value.id == "self")]
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in capabilities):
+                bad.append(node)
+            found += [f"{path.relative_to(root.parent)}:{b.lineno}" for b in bad]
+    assert found == []
 
 
 # -- safety, fail closed ----------------------------------------------------------------------
