@@ -28,6 +28,7 @@ from typing import Callable
 
 from chaos.errors import Aborted, ChaosError
 from chaos.report import Reporter
+from chaos.timeline import Timeline
 from chaos.train.run import RunSpec, reference_spec
 from chaos.verify import Baseline, Expectation, Verdict, final_states, trajectory_of
 
@@ -163,15 +164,13 @@ class BaselineCache:
         return baseline
 
 
-def baseline_spec(spec: RunSpec, storage_path: str | None, fault_env: dict[str, str]) -> RunSpec:
+def baseline_spec(spec: RunSpec, storage_path: str, fault_env: dict[str, str]) -> RunSpec:
     """``spec`` as a run of its own: a new Train run name for the reference workload (a run
     resumes from any checkpoint under its name), healthy (no ``forget``); a user's script
     names its runs itself.
     The faults' run environment comes along (nothing is armed), so both runs start alike."""
     name = f"{spec.name}-baseline"
     if spec.params.get("workload") == "reference":
-        if storage_path is None:
-            raise ChaosError("the reference workload's baseline needs the backend's storage path")
         params = {k: v for k, v in spec.params.items() if k not in ("workload", "forget")}
         params["checkpoint_on_preemption"] = bool(params.get("checkpoint_on_preemption"))
         new = reference_spec(name, storage_path, **params)
@@ -220,16 +219,19 @@ def baseline_for(env, spec: RunSpec, faults: list, test_id: str, reporter: Repor
     """The cached fault-free baseline of ``spec``, else one made now by running it with no
     fault on ``env`` (an Experiment, as the run under test); a run that fails or breaks
     leaves the reason in ``error`` (the final-state verdict is then unverifiable)."""
-    from chaos.experiment import Experiment
+    from chaos.experiment import Experiment, prepare_faults
 
     def make(key: str) -> Baseline:
+        # The faults' run environment, as the faulted run will have it: what it names is put
+        # on the hosts first (e.g. the CUDA shim), or it would name the harness's own copy.
+        prepare_faults(env, faults, Timeline(), reporter.say)
         fault_env: dict[str, str] = {}
         for _, fault in faults:
             fault_env.update(fault.run_env())
         quiet = _BaselineReporter(reporter)
         try:
             with reporter.step(f"baseline {key}: a fault-free run of the same workload and seed"):
-                exp = Experiment(env, baseline_spec(spec, getattr(env.backend, "storage_path", None), fault_env),
+                exp = Experiment(env, baseline_spec(spec, env.backend.storage_path, fault_env),
                                  [], Expectation(), f"{test_id} (baseline)", reporter=quiet, judging=judging)
                 outcome = exp.run()
         except Aborted:

@@ -16,6 +16,7 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import ray
 
@@ -109,6 +110,19 @@ class Outcome:
         check(self.verdicts, self.unverifiable)
 
 
+def prepare_faults(env: Environment, faults: list, timeline: Timeline, say: Callable[[str], None]) -> None:
+    """Put on the hosts what each fault needs before a run starts (e.g. the CUDA shim), once
+    per fault object (a fault remembers what it put there); a dry run touches no host."""
+    if env.dry_run:
+        return
+    ctx = FaultContext(cluster=env.cluster, timeline=timeline, backend=env.backend)
+    for _, fault in faults:
+        for member in getattr(fault, "members", [fault]):
+            done = member.prepare(ctx)
+            if done:
+                say(f"prepare: {done}")
+
+
 class Experiment:
     def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault | Correlated]],
                  expect: Expectation, test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
@@ -138,7 +152,7 @@ class Experiment:
             r.parameter(k, v)
         ctx = FaultContext(cluster=env.cluster, timeline=self.timeline, backend=env.backend)
         try:
-            self._prepare(ctx)
+            prepare_faults(env, self.faults, self.timeline, r.say)
         except BaseException:
             env._timelines.remove(self.timeline)
             raise
@@ -234,17 +248,6 @@ class Experiment:
                     {"expectation": dataclasses.asdict(self.expect), "finished": finding is None}, default=str))
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
-
-    def _prepare(self, ctx: FaultContext) -> None:
-        """What each fault needs on the hosts before the run starts (e.g. the CUDA shim); a dry
-        run touches no host."""
-        if self.env.dry_run:
-            return
-        for _, fault in self.faults:
-            for member in getattr(fault, "members", [fault]):
-                done = member.prepare(ctx)
-                if done:
-                    self.reporter.say(f"prepare: {done}")
 
     def run_env(self) -> dict[str, str]:
         """What the run's environment gets from the harness: each fault's settings, the

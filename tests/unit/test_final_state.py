@@ -209,7 +209,7 @@ def test_baseline_spec_is_its_own_run_with_the_same_parameters():
     # the faults' run environment comes along (nothing armed), so both runs start alike
     assert baseline_spec(spec, "/s", {"LD_PRELOAD": "/shim.so"}).env_vars == {"LD_PRELOAD": "/shim.so"}
     user = user_spec("python train.py", "t-2")
-    assert baseline_spec(user, None, {}).entrypoint == "python train.py"
+    assert baseline_spec(user, "/s", {}).entrypoint == "python train.py"
 
 
 def test_baseline_json_round_trip_keeps_integer_ranks():
@@ -240,3 +240,36 @@ def test_state_digest_sees_the_optimizer_and_survives_a_checkpoint_round_trip(tm
     weights_only.load_state_dict(state["model"])  # the optimizer's momentum was not restored
     assert state_digest(weights_only, fresh_opt) != state_digest(m, opt)
     assert len(state_digest(m, opt)) == 16
+
+
+def test_the_baseline_run_gets_the_faults_environment_after_what_it_names_is_on_the_hosts(tmp_path, monkeypatch):
+    """A CUDA fault's shim is put on the cluster's hosts before the baseline runs, so the
+    baseline's LD_PRELOAD names that copy, not one on the harness's machine."""
+    import types
+
+    from chaos import baseline, experiment
+    from chaos.errors import ChaosError
+    from chaos.faults import cuda
+    from chaos.report import Reporter
+
+    monkeypatch.setattr(cuda, "deliver_to_workers", lambda ctx: ("/var/tmp/ray-chaos/shim/h/libchaos_cuda.so", 3))
+    seen = {}
+
+    class Stop(experiment.Experiment):
+        def __init__(self, env, spec, *args, **kwargs):
+            seen["env_vars"] = spec.env_vars
+
+        def run(self):
+            raise ChaosError("stopped here: the test only looks at the spec")
+
+    monkeypatch.setattr(experiment, "Experiment", Stop)
+    env = types.SimpleNamespace(dry_run=False, out_dir=tmp_path, cluster=None,
+                                backend=types.SimpleNamespace(storage_path="/s"))
+    said = []
+    reporter = Reporter()
+    reporter.say = said.append
+    result = baseline.baseline_for(env, reference_spec("t-1", "/s", steps=20), [(None, cuda.CudaFault("ecc"))],
+                                   "t", reporter, judging=None)
+    assert result.error == "the fault-free run broke: stopped here: the test only looks at the spec"
+    assert seen["env_vars"]["LD_PRELOAD"] == "/var/tmp/ray-chaos/shim/h/libchaos_cuda.so", seen
+    assert "prepare: the CUDA shim at /var/tmp/ray-chaos/shim/h/libchaos_cuda.so on 3 worker hosts" in said
