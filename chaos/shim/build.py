@@ -13,6 +13,8 @@ import gzip
 import hashlib
 import json
 import os
+import platform
+import re
 import shlex
 import subprocess
 import tempfile
@@ -91,40 +93,65 @@ def ensure_shim(cache_dir: Path | None = None) -> Path:
 
 def deliver_shim(transport: Transport, python: str = "python3", root: str | None = None,
                  timeout: float = 120.0) -> str:
-    """Build (or reuse) the shim on the transport's host, from sources sent through the
-    transport; returns the library's path there (the same on every host: ``root`` is absolute).
+    """Put the shim on the transport's host; returns its path there (the same on every host:
+    ``root`` is absolute).  Built there from sources sent through the transport where the
+    host has ``cc`` (it then matches the host's glibc); otherwise this machine's build is sent,
+    where the host's architecture is this machine's and its glibc no older; otherwise refused,
+    naming the host and what it has.
 
-    The sources go in chunks small enough for a Kubernetes exec, which carries its command in
-    the URL; the host needs ``python`` and ``cc`` (the build matches the host's glibc).
+    Files go in chunks small enough for a Kubernetes exec, which carries its command in the
+    URL; the host needs ``python`` to unpack them.
     """
     d = f"{root or REMOTE_ROOT}/{shim_hash('cc')}"
     lib = f"{d}/{LIBRARY_NAME}"
-    where = transport.host
     if transport.run(f"test -f {shlex.quote(lib)}", timeout=timeout).ok:
         return lib
-    if not transport.run("command -v cc", timeout=timeout).ok:
-        raise InjectionError(f"{where}: no C compiler (`cc`) to build the CUDA shim: it is built on each node from "
-                             "source to match the node's glibc; install one in the node image, or build "
-                             f"{LIBRARY_NAME} there yourself and pass its path as shim_path")
-    payload = base64.b64encode(gzip.compress(json.dumps(_source_texts()).encode())).decode()
     stage = f"{d}/.upload-{uuid.uuid4().hex[:8]}"
-    steps = [f"mkdir -p {shlex.quote(d)} && : > {shlex.quote(stage)}.b64"]
-    steps += [f"printf %s {shlex.quote(payload[i:i + UPLOAD_CHUNK])} >> {shlex.quote(stage)}.b64"
-              for i in range(0, len(payload), UPLOAD_CHUNK)]
+    q = shlex.quote
+    if transport.run("command -v cc", timeout=timeout).ok:
+        files = {name: text.encode() for name, text in _source_texts().items()}
+        srcs = " ".join(q(f"{stage}/{n}") for n in SHIM_SOURCES)
+        make = f"cc {' '.join(CFLAGS)} -o {q(stage)}/{LIBRARY_NAME} {srcs} {' '.join(LIBS)}"
+    else:
+        _check_prebuilt_fits(transport, timeout)
+        files = {LIBRARY_NAME: ensure_shim().read_bytes()}
+        make = f"chmod 755 {q(stage)}/{LIBRARY_NAME}"
+    payload = base64.b64encode(gzip.compress(json.dumps(
+        {name: base64.b64encode(data).decode() for name, data in files.items()}).encode())).decode()
     unpack = ("import base64, gzip, json, os, sys; s = sys.argv[1]; os.makedirs(s); "
-              "[open(os.path.join(s, n), 'w').write(t) for n, t in "
+              "[open(os.path.join(s, n), 'wb').write(base64.b64decode(b)) for n, b in "
               "json.loads(gzip.decompress(base64.b64decode(open(s + '.b64').read()))).items()]")
-    srcs = " ".join(shlex.quote(f"{stage}/{n}") for n in SHIM_SOURCES)
-    steps += [f"{shlex.quote(python)} -c {shlex.quote(unpack)} {shlex.quote(stage)}",
-              f"cc {' '.join(CFLAGS)} -o {shlex.quote(stage)}.so {srcs} {' '.join(LIBS)} && "
-              f"mv -f {shlex.quote(stage)}.so {shlex.quote(lib)}"]
+    steps = [f"mkdir -p {q(d)} && : > {q(stage)}.b64"]
+    steps += [f"printf %s {q(payload[i:i + UPLOAD_CHUNK])} >> {q(stage)}.b64"
+              for i in range(0, len(payload), UPLOAD_CHUNK)]
+    steps += [f"{q(python)} -c {q(unpack)} {q(stage)}", f"{make} && mv -f {q(stage)}/{LIBRARY_NAME} {q(lib)}"]
     try:
         for step in steps:
             result = transport.run(step, timeout=timeout)
             if not result.ok:
-                raise InjectionError(f"{where}: putting the CUDA shim at {lib} failed (exit {result.exit_code}): "
-                                     f"{(result.stderr or result.stdout).strip()[-2000:]}")
+                raise InjectionError(f"{transport.host}: putting the CUDA shim at {lib} failed (exit "
+                                     f"{result.exit_code}): {(result.stderr or result.stdout).strip()[-2000:]}")
     finally:
-        transport.run(f"rm -rf {shlex.quote(stage)} {shlex.quote(stage)}.b64 {shlex.quote(stage)}.so",
-                      timeout=timeout)
+        transport.run(f"rm -rf {q(stage)} {q(stage)}.b64", timeout=timeout)
     return lib
+
+
+def _check_prebuilt_fits(transport: Transport, timeout: float) -> None:
+    """Refuse, naming the host and what it has, unless this machine's build runs there: the
+    same architecture, a glibc no older than the one it was linked against."""
+    seen = transport.run("uname -m; getconf GNU_LIBC_VERSION", timeout=timeout).stdout.split()
+    arch, libc = (seen[0], seen[-1]) if len(seen) >= 3 else (seen[0] if seen else "unknown", "unknown")
+    mine_arch, mine_libc = platform.machine(), platform.libc_ver()[1]
+    why = None
+    if arch != mine_arch:
+        why = f"it is {arch} and this machine's build is {mine_arch}"
+    elif not re.fullmatch(r"\d+(\.\d+)*", libc) or _version(libc) < _version(mine_libc):
+        why = f"its glibc is {libc} and this machine's build needs {mine_libc} or newer"
+    if why:
+        raise InjectionError(f"{transport.host}: no C compiler (`cc`) to build the CUDA shim, and this machine's "
+                             f"build does not fit it ({why}); install a compiler in the node image, or build "
+                             f"{LIBRARY_NAME} there yourself and pass its path as shim_path")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import re
 import struct
 import subprocess
@@ -146,17 +147,21 @@ def test_compile_errors_carry_the_compiler_output(tmp_path):
 
 
 class Recording(LocalTransport):
-    """The local transport, keeping every command it ran (``no_cc``: a host without a compiler)."""
+    """The local transport, keeping every command it ran; ``answers``: commands it answers
+    itself (a host without a compiler, another machine's uname and glibc)."""
 
-    def __init__(self, host="node-1", no_cc=False):
+    def __init__(self, host="node-1", answers=None):
         super().__init__(host)
-        self.commands, self.no_cc = [], no_cc
+        self.commands, self.answers = [], answers or {}
 
     def run(self, command, timeout=30.0):
         self.commands.append(command)
-        if self.no_cc and command == "command -v cc":
-            return super().run("exit 1")
+        if command in self.answers:
+            return super().run(self.answers[command])
         return super().run(command, timeout)
+
+
+NO_CC = {"command -v cc": "exit 1"}
 
 
 def test_the_shim_is_delivered_through_a_transport_in_commands_an_exec_url_can_carry(tmp_path):
@@ -173,9 +178,25 @@ def test_the_shim_is_delivered_through_a_transport_in_commands_an_exec_url_can_c
     assert build.deliver_shim(again, root=str(tmp_path)) == path and len(again.commands) == 1  # already there
 
 
-def test_a_host_without_a_compiler_is_named_and_left_clean(tmp_path):
-    with pytest.raises(InjectionError, match=r"node-1: no C compiler \(`cc`\) to build the CUDA shim"):
-        build.deliver_shim(Recording(no_cc=True), root=str(tmp_path))
-    assert not (tmp_path / build.shim_hash("cc")).exists()
+def test_a_host_without_a_compiler_gets_this_machines_build_where_it_fits(tmp_path):
+    transport = Recording(answers=NO_CC)
+    path = build.deliver_shim(transport, root=str(tmp_path))
+    assert open(path, "rb").read() == build.ensure_shim().read_bytes()
+    assert not any(c.startswith("cc ") for c in transport.commands)
+    assert max(map(len, transport.commands)) < 4096
+    assert [p.name for p in (tmp_path / build.shim_hash("cc")).iterdir()] == ["libchaos_cuda.so"]
+
+
+@pytest.mark.parametrize("uname_libc, why", [
+    ("echo sparc64; echo glibc 2.99", f"it is sparc64 and this machine's build is {platform.machine()}"),
+    ("uname -m; echo glibc 2.17", "its glibc is 2.17 and this machine's build needs"),
+    ("uname -m; echo musl", "its glibc is unknown"),
+])
+def test_a_host_without_a_compiler_that_the_build_does_not_fit_is_refused_by_name(tmp_path, uname_libc, why):
+    transport = Recording(answers={**NO_CC, "uname -m; getconf GNU_LIBC_VERSION": uname_libc})
+    with pytest.raises(InjectionError, match=r"node-1: no C compiler \(`cc`\) to build the CUDA shim, and this "
+                                             r"machine's build does not fit it \(" + re.escape(why)):
+        build.deliver_shim(transport, root=str(tmp_path))
+    assert not (tmp_path / build.shim_hash("cc")).exists()  # nothing left on the host
 
 
