@@ -70,7 +70,28 @@ def check_shim_loaded(transport, target: Target, shim_path: str) -> None:
     raise InjectionError(f"{transport.host}: rank {target.rank}'s process (PID {pid}) {why}: not armed")
 
 
-class CudaFault(Fault):
+class ShimFault:
+    """What a fault that acts through the shim does before the run: put it on the worker hosts
+    (``prepare``) and preload it in every process of the run (``run_env``)."""
+
+    shim_path: str | None
+    control_path: str
+    log_path: str
+    driver_dir: str | None
+
+    def prepare(self, ctx: FaultContext) -> str | None:
+        if self.shim_path is not None:
+            return None
+        self.shim_path, hosts = deliver_to_workers(ctx)
+        return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
+
+    def run_env(self) -> dict[str, str]:
+        env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)
+        self.shim_path = env["LD_PRELOAD"]
+        return env
+
+
+class CudaFault(ShimFault, Fault):
     kind = "cuda"
     kills_node = False
     one_shot = True  # a fresh process on the same host would read the same armed control file
@@ -103,15 +124,8 @@ class CudaFault(Fault):
     def describe(self) -> str:
         return f"CUDA {self.preset} ({self.error_name}, {self.mode}) in rank {self.rank}"
 
-    def prepare(self, ctx: FaultContext) -> str | None:
-        if self.shim_path is not None:
-            return None
-        self.shim_path, hosts = deliver_to_workers(ctx)
-        return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
-
     def run_env(self) -> dict[str, str]:
-        env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)
-        self.shim_path = env["LD_PRELOAD"]
+        env = super().run_env()
         if self.collective_timeout_s:
             env["RAY_TRAIN_COLLECTIVE_TIMEOUT_S"] = str(self.collective_timeout_s)
             env["CHAOS_COLLECTIVE_TIMEOUT_S"] = str(self.collective_timeout_s)

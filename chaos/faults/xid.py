@@ -44,7 +44,7 @@ import uuid
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, placement_target
-from chaos.faults.cuda import check_shim_loaded, deliver_to_workers, shim_env
+from chaos.faults.cuda import ShimFault, check_shim_loaded
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
 from chaos.shim.plan import Plan
@@ -148,7 +148,7 @@ def harness_env(line: str) -> dict[str, str]:
     return {"LINE": line, "HARNESS_BTIME": harness_btime(), "HARNESS_BOOT_ID": boot_id}
 
 
-class Xid(Fault):
+class Xid(ShimFault, Fault):
     kind = "xid"
     kills_node = False  # Train sees the rank fail first; the node goes when the agent acts
 
@@ -178,17 +178,6 @@ class Xid(Fault):
 
     def describe(self) -> str:
         return f"Xid {self.xid} ({self.spec.error}, every driver call until reboot) on rank {self.rank}'s node"
-
-    def prepare(self, ctx: FaultContext) -> str | None:
-        if self.shim_path is not None:
-            return None
-        self.shim_path, hosts = deliver_to_workers(ctx)
-        return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
-
-    def run_env(self) -> dict[str, str]:
-        env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)
-        self.shim_path = env["LD_PRELOAD"]
-        return env
 
     def resolve(self, ctx: FaultContext) -> Target:
         return placement_target(ctx, self.rank)
