@@ -26,7 +26,7 @@ Why this order (lowest first):
   enforce a profile's safety settings, so ``chaos.safety`` sits above ``chaos.profile``.
 * The catalog (``chaos.faults.catalog``: kinds, budget classes, SLOs) is data that profiles,
   verdicts and summaries read, so it sits with them, low; which Fault class injects a kind is
-  ``chaos.faults.registry``, at the faults' layer (it names every fault module).
+  ``chaos.faults.registry``, at the faults' layer (it imports every fault module).
 """
 
 from __future__ import annotations
