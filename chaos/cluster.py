@@ -9,16 +9,21 @@ changes into ``node_dead`` / ``node_alive`` timeline events.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
+import urllib.request
 from typing import Callable
 
-from chaos.errors import ClusterError
+from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Timeline
 from chaos.waits import poll_until
 
 log = logging.getLogger(__name__)
+
+
+RAYLET_TABLE_LAG_S = 15.0  # how long a node may take to reach the dashboard's node table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,20 +96,44 @@ class ClusterView:
     def node(self, node_id: str) -> Node | None:
         return next((n for n in self.nodes() if n.node_id == node_id), None)
 
+    def raylets(self) -> dict[str, dict]:
+        """node id -> the GCS's record of the node as the dashboard serves it (``GET
+        /nodes?view=summary``, each entry's ``raylet``: ``nodeManagerAddress``,
+        ``nodeManagerPort``, ``nodeManagerHostname``, ...): over HTTP, like ``nodes``, so no
+        Ray driver is needed for it (the state API's node records carry neither the hostname
+        nor the raylet's port)."""
+        from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+        url = f"{self.dashboard_url.rstrip('/')}/nodes?view=summary"
+        request = urllib.request.Request(url, headers=get_auth_headers_if_auth_enabled({}))
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                summary = json.load(response)["data"]["summary"]
+            return {n["raylet"]["nodeId"]: n["raylet"] for n in summary if n.get("raylet", {}).get("nodeId")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ClusterError(f"could not read the node table from the Ray dashboard at {url}: {e}") from e
+
+    def raylet(self, node_id: str, timeout: float = RAYLET_TABLE_LAG_S) -> dict:
+        """The dashboard's record of node ``node_id``, waiting out its lag behind the GCS (it
+        caches its answer for 2 s and learns of a node from the GCS's events) for a node that
+        just joined."""
+        def check() -> tuple[dict | None, str]:
+            record = self.raylets().get(node_id)
+            return record, "not in the dashboard's node table yet" if record is None else "found"
+
+        try:
+            return poll_until(check, timeout, f"node {node_id[:8]} in the node table at {self.dashboard_url}")
+        except WaitTimeout as e:
+            raise ClusterError(f"node {node_id[:8]} is not in Ray's node table at {self.dashboard_url}: {e}") from e
+
     def hostname(self, node_id: str) -> str | None:
         """The node's machine hostname, as its raylet reported it."""
-        import ray
-
-        return next((n.get("NodeManagerHostname") for n in ray.nodes() if n["NodeID"] == node_id), None)
+        return self.raylet(node_id).get("nodeManagerHostname")
 
     def raylet_endpoint(self, node_id: str) -> tuple[str, int]:
         """(address, node manager port) of a node's raylet, from Ray's node table."""
-        import ray
-
-        for n in ray.nodes():
-            if n["NodeID"] == node_id:
-                return n["NodeManagerAddress"], int(n["NodeManagerPort"])
-        raise ClusterError(f"node {node_id[:8]} is not in Ray's node table")
+        raylet = self.raylet(node_id)
+        return raylet["nodeManagerAddress"], int(raylet["nodeManagerPort"])
 
     def alive_workers(self) -> list[Node]:
         return [n for n in self.nodes() if n.alive and not n.is_head]

@@ -4,6 +4,10 @@ their budget class from the catalog and keep per-injection state off the fault o
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import threading
 import types
 
 import pytest
@@ -11,7 +15,7 @@ import pytest
 from chaos import backends
 from chaos.backends.base import Backend, Host
 from chaos.cluster import ClusterView, Node, Target
-from chaos.errors import InjectionError
+from chaos.errors import ClusterError, InjectionError
 from chaos.faults import catalog, registry
 from chaos.faults.base import Fault, FaultContext, Injection
 from chaos.faults import preempt
@@ -446,3 +450,46 @@ def test_embedded_heal_waits_until_the_dead_node_is_seen_replaced(monkeypatch):
     monkeypatch.setattr(b, "healthy_workers", healthy)
     b.wait_healed(10)
     assert len(seen) == 4 and seen[-1][0]
+
+
+# -- the node table over HTTP ---------------------------------------------------------------------
+@contextlib.contextmanager
+def dashboard(*tables):
+    """A dashboard on loopback whose GET /nodes?view=summary answers ``tables`` in turn (the
+    last one from then on), each a list of (node id, hostname, raylet port)."""
+    answers = list(tables)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            table = answers.pop(0) if len(answers) > 1 else answers[0]
+            summary = [{"raylet": {"nodeId": n, "nodeManagerAddress": "10.0.0.9", "nodeManagerHostname": h,
+                                   "nodeManagerPort": port, "state": "ALIVE"}} for n, h, port in table]
+            body = json.dumps({"result": True, "data": {"summary": summary}}).encode()
+            self.send_response(200 if self.path == "/nodes?view=summary" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield ClusterView(f"http://127.0.0.1:{server.server_port}", "127.0.0.1:1")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_hostnames_and_raylet_ports_come_from_the_dashboard_without_a_driver():
+    with dashboard([("a" * 56, "gpu-1", 6380)]) as view:
+        assert view.hostname("a" * 56) == "gpu-1" and view.raylet_endpoint("a" * 56) == ("10.0.0.9", 6380)
+
+
+def test_a_node_that_just_joined_is_waited_for_and_one_that_never_shows_is_named():
+    # the dashboard learns of a node after the GCS: its first answer lacks it
+    with dashboard([], [("b" * 56, "gpu-2", 6390)]) as view:
+        assert view.raylet_endpoint("b" * 56) == ("10.0.0.9", 6390)
+    with dashboard([("a" * 56, "gpu-1", 6380)]) as view:
+        with pytest.raises(ClusterError, match=r"node cccccccc is not in Ray's node table at http://127.0.0.1"):
+            view.raylet("c" * 56, timeout=0.5)

@@ -1,8 +1,8 @@
 """Fail loudly if the pinned Ray changes an internal the harness relies on.
 
 The recorder (chaos/train/recorder.py) is the only user of ray.train.v2._internal and
-chaos/transport/ray.py the only user of Ray's gRPC stubs; each fact they rely on is
-pinned here against the installed Ray.
+chaos/transport/ray.py the only user of Ray's gRPC stubs, chaos/cluster.py of the dashboard's
+node summary; each fact they rely on is pinned here against the installed Ray.
 """
 
 import dataclasses
@@ -223,3 +223,16 @@ def test_gcs_client_drain_node_takes_what_chaos_transport_ray_sends():
     assert autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION") > 0
     source = inspect.getsource(__import__("ray.scripts.scripts", fromlist=["drain_node"]).drain_node.callback)
     assert "gcs_client.drain_node(" in source and "deadline_timestamp_ms" in source, source
+
+
+def test_the_dashboards_node_summary_carries_each_nodes_gcs_record_under_raylet():
+    """chaos/cluster.py reads hostnames and raylet ports from GET /nodes?view=summary (no driver
+    needed): each entry's ``raylet`` is the GCS's node record, in the dashboard's camelCase."""
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+    from ray.dashboard.modules.node import datacenter, node_head
+
+    routes = inspect.getsource(node_head.NodeHead.get_all_nodes)
+    assert 'view == "summary"' in routes and "summary=all_node_summary" in routes, routes
+    info = inspect.getsource(datacenter.DataOrganizer.get_node_info)
+    assert 'node_info["raylet"].update(node)' in info, info
+    assert params(get_auth_headers_if_auth_enabled) == ["user_headers"]
