@@ -376,7 +376,7 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
             return _RankJudgement(rank, got, "fail", "state not restored", nxt, ck, rule, why)
         return _RankJudgement(rank, got, "warning", "state differs", nxt, ck, rule,
                               why + f" (a warning: the workload is not declared deterministic, {DETERMINISM_HINT})")
-    return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g}")
+    return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g} of {where}")
 
 
 def resumed_from_latest(timeline: Timeline, deterministic: bool = True,
@@ -619,7 +619,7 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
                        f"{j.got}{every}", "no checkpoint existed yet", evidence)
     if j.got == j.checkpoint_step:
         how = (f"at the latest checkpoint's own step ({j.checkpoint_step}), evaluating after loading it: the "
-               "step trained after it reproduced the earlier attempt's value")
+               "step trained after it reproduced its earlier value")
     else:
         how = f"right after the latest checkpoint (step {j.checkpoint_step})"
     return Verdict(name, "pass", f"attempt {attempt} resumed at step {j.got}, {how}{every} (rule: {j.rule})",

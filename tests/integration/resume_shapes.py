@@ -152,6 +152,28 @@ def test_survivors_commit_without_the_preempted_rank_under_relaxed_collectives(c
     assert outcome.verdict("within-budget").status == "pass", outcome.verdict("within-budget").line()
 
 
+def test_an_evaluation_at_the_checkpoint_step_is_decided_by_the_fault_free_baseline(chaos, tmp_path):
+    """Killed as checkpoint 10 is committed, before step 11 is reported (steps of 1 s): the
+    restart first reports step 10, evaluated after loading.  No earlier attempt reported step
+    11, so the fault-free baseline's step 11 decides: reproduced where the weights and the
+    optimizer were restored; not, where only the step was (the buggy twin)."""
+    def run(flags, where):
+        return chaos.run(shape(chaos, tmp_path / where, f"--evaluate-after-restore --step-time 1.0 {flags}",
+                               deterministic=True),
+                         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))], expect=chaos.expect(baseline=True))
+
+    good = run("", "good")
+    assert not [r for r in good.timeline.of("report") if r.attempt == 0 and 11 in steps_of(r).values()], \
+        "step 11 was reported before the kill: the earlier attempt decided, not the baseline"
+    v = resume(good)
+    assert v.status == "pass" and "evaluating after loading it" in v.message, v.line()
+    assert "step 11 reproduced" in v.message and "of the fault-free baseline" in v.message, v.line()
+    bad = run("--restore-step-only", "bad")
+    v = resume(bad)
+    assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
+    assert "in the fault-free baseline" in v.message, v.line()
+
+
 def test_restore_of_a_checkpoint_ray_never_committed_is_named(chaos, tmp_path):
     """Rank 1 uploads its shard of each checkpoint in 4 s: rank 0's part of checkpoint 15 is on
     storage while Ray waits for rank 1's, and rank 1's node goes then.  Ray's latest commit is 10; a script

@@ -19,6 +19,7 @@ FIXTURES = {  # test in resume_shapes.py -> contract fixture (None: none taped)
     "test_restart_that_skips_a_save_interval_under_a_doubled_stride": "user_doubled_stride_after_restore",
     "test_script_crash_during_a_preemption_is_an_unrelated_failure": "user_crash_on_preemption_notice",
     "test_survivors_commit_without_the_preempted_rank_under_relaxed_collectives": "user_relaxed_survivors_commit",
+    "test_an_evaluation_at_the_checkpoint_step_is_decided_by_the_fault_free_baseline": None,  # two runs and baselines
     "test_restore_of_a_checkpoint_ray_never_committed_is_named": None,  # two runs, no fixture
     "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
     "test_no_checkpoint_handed_to_train": "user_no_checkpoint",

@@ -283,6 +283,7 @@ def test_at_the_checkpoint_step_with_no_earlier_value_the_fault_free_baseline_de
             e.data["state_metric"] = "loss"
     [v] = resumed_from_latest(healthy, baseline=base)
     assert v.status == "pass" and "step 11 reproduced" in v.evidence["rule"], v.line()
+    assert v.evidence["rule"].endswith("of the fault-free baseline"), v.evidence["rule"]
     retrained = evaluated_or_retrained(10, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1)
     for e in retrained.events:
         if e.kind == "controller_started":
