@@ -359,3 +359,16 @@ def test_the_backend_serves_kubernetes_profiles_and_refuses_other_transports():
         {"match": {"label": "ray.io/group=cpu"}, "transport": "ssh"}]}})
     with pytest.raises(ProfileError, match=r"hosts.overrides\[0\].transport: ssh cannot be served"):
         KubernetesBackend(mixed)
+
+
+def test_the_cuda_shim_goes_into_pods_through_exec_and_leaves_the_api_client_working(ray_cluster, access,
+                                                                                      tmp_path):
+    """The shim's sources in commands an exec URL carries, into each pod one after another; the
+    client's exec swaps the shared ApiClient's request method while it runs, so every later
+    API call must still be a plain one (parallel deliveries broke that)."""
+    from chaos.shim import build
+
+    paths = {build.deliver_shim(KubeExecTransport(access, pod, container="ray"), root=str(tmp_path))
+             for pod in ("rc-gpu-worker-a", "rc-gpu-worker-b")}
+    assert paths == {f"{tmp_path}/{build.shim_hash('cc')}/libchaos_cuda.so"}
+    assert [p.name for p in access.ray_pods()] == ["rc-gpu-worker-a", "rc-gpu-worker-b", "rc-head"]
