@@ -49,6 +49,7 @@ class Timeouts:
     detect_s: float = 60.0
     recover_s: float = 300.0
     finish_s: float = 600.0
+    driver_exit_s: float = 120.0  # Train's run ended → its job ends (a driver's own shutdown takes seconds)
     heal_s: float = 180.0
 
 
@@ -212,11 +213,13 @@ class Experiment:
                                self._injections)
             watch.waiting_for = "the run to end"
             with r.step("finish: the run ends by itself"):
+                exit_s = min(env.timeouts.finish_s, env.timeouts.driver_exit_s)
                 try:
-                    run.wait_finished(env.timeouts.finish_s)
+                    run.wait_finished(env.timeouts.finish_s, exit_s)
                 except WaitTimeout as err:
                     log.warning("finish: %s", err)
-                    raise Finding(did_not_end(self.timeline.events, env.timeouts.finish_s, run.status())) from err
+                    raise Finding(did_not_end(self.timeline.events, env.timeouts.finish_s, exit_s,
+                                              run.status())) from err
             self.timeline.guard = None
             with r.step("verify: verdicts from the timeline"):
                 verdicts.extend(verdicts_for(self.timeline, self.expect))

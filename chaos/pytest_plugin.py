@@ -64,7 +64,8 @@ def pytest_addoption(parser):
                      f"a 'crash loop' finding (default {CRASH_LOOP_FAILURES})")
     g.addoption("--chaos-finish-timeout", type=float, default=Timeouts.finish_s, metavar="S",
                 help="fail as 'run did not finish' (or 'driver did not exit', where Train's run ended) when the job "
-                     f"has not ended S seconds after the last fault's recovery (default {Timeouts.finish_s:.0f})")
+                     f"has not ended S seconds after the last fault's recovery (default {Timeouts.finish_s:.0f}), "
+                     f"or min(S, {Timeouts.driver_exit_s:.0f}) seconds after Train's run ended")
     g.addoption("--chaos-workers", type=int, default=3, metavar="N", help="embedded cluster: worker nodes (default 3; the suites assume >= 3)")
     g.addoption("--chaos-gpus-per-worker", type=int, default=0, metavar="N",
                 help="embedded cluster on a GPU machine: GPUs each worker node advertises (they may share one)")

@@ -955,15 +955,16 @@ def ended_before_fault(fault: int, trigger: str, ended: Event) -> Verdict:
                    {"fault": fault, "trigger": trigger, "ended": ended.to_json()})
 
 
-def did_not_end(events: list[Event], waited_s: float, job_status: str | None) -> Verdict:
-    """The finish phase's deadline passed: the run never ended, or its driver never exited
-    after Train's run had."""
+def did_not_end(events: list[Event], waited_s: float, driver_exit_s: float, job_status: str | None) -> Verdict:
+    """The finish phase's deadline passed: the run never ended within ``waited_s``, or its
+    driver had not exited ``driver_exit_s`` after Train's run had."""
     fins = [e for e in events if e.kind == "run_finished"]
     evidence = {"waited_s": waited_s, "job_status": job_status, "last_steps": last_steps(events)}
     if fins:
         fin = fins[-1]
+        evidence["waited_s"] = driver_exit_s
         return Verdict("run-finished", "fail", f"driver did not exit: Train's run ended {fin.data.get('state')}, "
-                       f"but {waited_s:.0f} s later its job was still {job_status or 'not ended'} (the script "
+                       f"but {driver_exit_s:.0f} s later its job was still {job_status or 'not ended'} (the script "
                        "hangs after fit() returned)", "driver did not exit", evidence)
     steps = ", ".join(f"rank {r} at step {s}" for r, s in sorted(evidence["last_steps"].items())) or "no report"
     return Verdict("run-finished", "fail", f"run did not finish within {waited_s:.0f} s after the last fault "

@@ -207,14 +207,14 @@ class Run:
                 f"the workload did not start training: {e}\njob {self.job_id} log tail ({self.log_path}):\n{self.log_tail()}"
             ) from e
 
-    def wait_finished(self, timeout: float) -> Event:
+    def wait_finished(self, timeout: float, driver_exit_s: float) -> Event:
         """Wait until the job has ended, then collect every recorder event still in flight.
 
-        Once Train's run has ended the job's status is read directly: Ray's log stream ends
-        only on its own 1 s polls, seconds after the job did."""
+        Once Train's run has ended the job gets ``driver_exit_s`` to end too, its status read
+        directly: Ray's log stream ends only on its own 1 s polls, seconds after the job did."""
         end = self.timeline.wait_for(run_ended, timeout, f"the run of job {self.job_id} to finish")
         if end.kind == "run_finished":
-            self._job_ended(*poll_until(self._terminal_status, 120,
+            self._job_ended(*poll_until(self._terminal_status, driver_exit_s,
                                         f"job {self.job_id} to end after its Train run finished", interval=0.2))
         job = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
                                      f"job {self.job_id} to finish")
