@@ -135,6 +135,34 @@ class ClusterView:
         raylet = self.raylet(node_id)
         return raylet["nodeManagerAddress"], int(raylet["nodeManagerPort"])
 
+    def held_by_job(self, job_id: str) -> list[str]:
+        """What Ray job ``job_id`` (hex) still holds: its actors that are not DEAD and its
+        placement groups that are not REMOVED, each where it reserves CPU, GPU or a custom
+        resource.  From the state API over HTTP, like ``nodes``: no driver needed."""
+        from ray.util.state import list_actors, list_placement_groups
+
+        common = dict(address=self.dashboard_url, detail=True, limit=10_000, raise_on_missing_output=False)
+        try:
+            actors = list_actors(filters=[("job_id", "=", job_id)], **common)
+            groups = list_placement_groups(filters=[("creator_job_id", "=", job_id)], **common)
+        except Exception as e:  # the state API raises several types; all mean "unreachable"
+            raise ClusterError(f"could not list job {job_id}'s actors and placement groups from the Ray "
+                               f"dashboard at {self.dashboard_url}: {e}") from e
+        held = []
+        for a in actors:
+            amount = countable(a.required_resources or {})
+            if a.state != "DEAD" and amount:
+                held.append(f"actor {a.class_name} {a.actor_id[:8]} {a.state} with {_amounts(amount)}"
+                            + (f" on node {a.node_id[:8]}" if a.node_id else ""))
+        for g in groups:
+            amount: dict[str, float] = {}
+            for bundle in g.bundles or []:
+                for k, v in countable(bundle.get("unit_resources") or {}).items():
+                    amount[k] = amount.get(k, 0.0) + v
+            if g.state != "REMOVED" and amount:
+                held.append(f"placement group {g.name or g.placement_group_id[:8]} {g.state} with {_amounts(amount)}")
+        return held
+
     def alive_workers(self) -> list[Node]:
         return [n for n in self.nodes() if n.alive and not n.is_head]
 
@@ -195,3 +223,15 @@ class ClusterView:
             t.join(timeout=5)
         self._watchers.clear()
         self._watch_stop = threading.Event()
+
+
+def countable(resources: dict) -> dict[str, float]:
+    """Resources a run holds and must give back: CPU, GPU, custom ones — not memory (which
+    Ray's own processes use) nor the per-node ``node:<ip>`` markers (node ids change)."""
+    skip = ("memory", "object_store_memory")
+    return {k: float(v) for k, v in resources.items()
+            if k not in skip and float(v) > 0 and not k.startswith("node:") and not k.startswith("accelerator_type:")}
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items()))

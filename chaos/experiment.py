@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import ray
 
 from chaos import plot, summary
 from chaos.backends.base import Backend
@@ -161,7 +160,6 @@ class Experiment:
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
-        self._free_before = _countable(ray.available_resources())
         env.cluster.watch(self.timeline)
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
@@ -242,7 +240,7 @@ class Experiment:
                         r.say(v.line())
             self._cleanup("stop the node watcher", env.cluster.stop_watching)
             env._timelines.remove(self.timeline)
-            heal_verdict = self._heal()
+            heal_verdict = self._heal(run)
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
             self._attach(run, nodes_before, verdicts)
@@ -461,7 +459,7 @@ class Experiment:
             log.error("cleanup step %r failed: %s", what, e)
             self.reporter.say(f"cleanup: could not {what}: {e}")
 
-    def _heal(self) -> Verdict:
+    def _heal(self, run: Run) -> Verdict:
         try:
             self.env.backend.wait_healed(self.env.timeouts.heal_s)
             nodes_ok, nodes_detail = self.env.backend.healthy_workers()
@@ -473,26 +471,30 @@ class Experiment:
                      if e["id"] in mine and (e.get("revert") or {}).get("action", "none") != "none"]
         except Exception as e:
             armed = [{"fault": "ledger unreadable", "id": str(e)}]
-        res_ok, res_detail = self._resources_free()
+        res_ok, res_detail = self._resources_free(run)
         return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
 
-    def _resources_free(self) -> tuple[bool, str]:
-        """Once the job is gone, every resource free before it (CPU, GPU, custom) must be free
-        again (no leaked actors or placement groups).
+    def _resources_free(self, run: Run) -> tuple[bool, str]:
+        """Once the job is gone, nothing it started may still hold CPU, GPU or a custom
+        resource (no leaked actors or placement groups).
 
-        Compared with what was free before submission, not with the totals, so other
-        tenants of a shared cluster do not make this fail."""
-        before = self._free_before
+        Asked of the job's own actors and placement groups, not of the cluster's free
+        resources, so other tenants of a shared cluster do not make this fail."""
+        try:
+            job = run.ray_job_id()
+        except Exception as e:
+            return False, f"could not tell what the job still holds: its Ray job id is unreadable: {e}"
+        if job is None:
+            return True, "the job was not submitted or started no driver: nothing of it holds resources"
 
         def check():
-            now = _countable(ray.available_resources())
-            short = {k: (now.get(k, 0.0), v) for k, v in before.items() if now.get(k, 0.0) + 1e-9 < v}
-            if not short:
-                return ", ".join(f"{v:g} {k}" for k, v in sorted(before.items())) + " free, as before the run", ""
-            return None, "still held: " + ", ".join(f"{k} {a:g} free of {b:g} before" for k, (a, b) in short.items())
+            held = self.env.cluster.held_by_job(job)
+            return (None, "still held: " + "; ".join(held)) if held else (
+                f"nothing of job {job} holds resources", "")
 
         try:
-            return True, poll_until(check, 60, "the run's resources to be free again", interval=0.5)
+            return True, poll_until(check, 60, f"job {job}'s actors and placement groups to give back their resources",
+                                    interval=0.5)
         except Exception as e:
             return False, f"leaked resources: {e}"
 
@@ -541,11 +543,3 @@ class Experiment:
                 "backend": self.env.backend.label, "outcome": outcome,
                 "verdicts": [v.to_json() for v in getattr(self, "verdicts", [])], "metrics": getattr(self, "metrics", {}),
                 "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(self.timeline)]}
-
-
-def _countable(resources: dict) -> dict[str, float]:
-    """Resources a run holds and must give back: CPU, GPU, custom ones — not memory (which
-    Ray's own processes use) nor the per-node ``node:<ip>`` markers (node ids change)."""
-    skip = ("memory", "object_store_memory")
-    return {k: float(v) for k, v in resources.items()
-            if k not in skip and not k.startswith("node:") and not k.startswith("accelerator_type:")}

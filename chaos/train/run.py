@@ -185,6 +185,13 @@ class Run:
             log.warning("could not read the status of job %s: %s", self.job_id, e)
             return None
 
+    def ray_job_id(self) -> str | None:
+        """Ray's id (hex) of the job's driver; None where it was never submitted or started
+        no driver."""
+        if not self.timeline.of("job_submitted"):
+            return None
+        return self.client.get_job_info(self.job_id).job_id
+
     def _terminal_status(self) -> tuple[tuple[str, str] | None, str]:
         info = self.client.get_job_info(self.job_id)
         status = str(info.status.value)

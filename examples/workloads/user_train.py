@@ -52,6 +52,9 @@ the classic mistakes the harness must catch.
                           wait for the restart: only relaxed collectives let them commit it
     --hang-after-fit      after fit() returns, waits forever (a non-daemon thread or a process
                           pool nobody joins): Train's run ended, the job never does
+    --leak-actor          after fit() returns, starts a detached actor (named "leaked" in
+                          namespace "user-train", 0.5 CPU) and leaves it: resources the job
+                          never gives back
 """
 
 import argparse
@@ -158,6 +161,11 @@ def slow_upload(checkpoint, dir_name, seconds):
     return Checkpoint.from_directory(dest)
 
 
+class Leaked:
+    def ping(self):
+        return True
+
+
 def batch_loss(model, step):
     """The loss on step ``step``'s batch: the same data at the same step in every attempt."""
     g = torch.Generator().manual_seed(step)
@@ -172,7 +180,7 @@ if __name__ == "__main__":
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
                  "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder",
-                 "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice"):
+                 "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice", "--leak-actor"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -212,5 +220,8 @@ if __name__ == "__main__":
                              failure_config=None if a.default_failure_config else FailureConfig(
                                  max_failures=a.max_failures, **relax)),
     ).fit()
+    if a.leak_actor:
+        leaked = ray.remote(num_cpus=0.5)(Leaked).options(name="leaked", namespace="user-train", lifetime="detached")
+        ray.get(leaked.remote().ping.remote())
     if a.hang_after_fit:
         threading.Event().wait()

@@ -178,6 +178,35 @@ def test_driver_that_hangs_after_fit_is_a_finding(standin, tmp_path):
 
 
 @pytest.mark.integration
+def test_an_actor_the_run_leaves_holding_resources_fails_healed(standin, tmp_path):
+    """After fit() the script starts a detached actor with 0.5 CPU and leaves it: the job's
+    own actors are asked after it ended (state API over HTTP), and healed fails naming the
+    actor.  The healthy twin is test_correct_user_script_passes (healed passes).  The test
+    then removes the actor through a job of its own, as its owner would."""
+    try:
+        code, out = run_suite(standin, tmp_path, "--leak-actor", tape=None)
+        assert code == 1, out[-4000:]
+        assert "resumed at step 11, right after the latest checkpoint (step 10)" in out, out[-4000:]
+        assert "[        FAIL] healed" in out and "still held: actor Leaked" in out, out[-4000:]
+        assert "ALIVE with 0.5 CPU" in out, out[-4000:]
+    finally:
+        remove_leaked_actor(standin)
+
+
+def remove_leaked_actor(standin) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    from chaos.waits import poll_until
+
+    client = JobSubmissionClient(yaml.safe_load(standin[1].read_text())["ray"]["dashboard_url"])
+    job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); "
+                            "ray.kill(ray.get_actor('leaked', namespace='user-train'))\"")
+    status = poll_until(lambda: (lambda st: (st if st in ("SUCCEEDED", "FAILED", "STOPPED") else None, st))(
+        str(client.get_job_status(job).value)), 120, "the job that removes the leaked actor")
+    assert status == "SUCCEEDED", client.get_job_logs(job)
+
+
+@pytest.mark.integration
 def test_crash_loop_under_an_unlimited_budget_is_a_finding(standin, tmp_path):
     """Every restart raises loading its checkpoint and FailureConfig(max_failures=-1) retries
     forever: after 3 failures in a row without a new step the test fails as a crash loop,

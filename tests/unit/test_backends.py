@@ -493,3 +493,38 @@ def test_a_node_that_just_joined_is_waited_for_and_one_that_never_shows_is_named
     with dashboard([("a" * 56, "gpu-1", 6380)]) as view:
         with pytest.raises(ClusterError, match=r"node cccccccc is not in Ray's node table at http://127.0.0.1"):
             view.raylet("c" * 56, timeout=0.5)
+
+
+def test_what_an_ended_job_still_holds_is_named_from_the_state_api(monkeypatch):
+    """The healed verdict's leak check asks the state API (HTTP, no driver) for the job's own
+    actors and placement groups: only live ones that reserve CPU, GPU or a custom resource."""
+    import ray.util.state as state
+
+    actor = lambda cls, st, res: types.SimpleNamespace(class_name=cls, actor_id="a" * 32, state=st,
+                                                       required_resources=res, node_id="n" * 56)
+    asked = {}
+
+    def list_actors(filters, **kw):
+        asked["actors"] = filters
+        return [actor("Leaky", "ALIVE", {"CPU": 1.0}), actor("Gone", "DEAD", {"CPU": 1.0}),
+                actor("Free", "ALIVE", {"memory": 100.0, "node:10.0.0.1": 0.001}),
+                actor("Coming", "PENDING_CREATION", {"GPU": 1.0})]
+
+    def list_placement_groups(filters, **kw):
+        asked["groups"] = filters
+        pg = lambda name, st: types.SimpleNamespace(name=name, placement_group_id="p" * 36, state=st,
+                                                    bundles=[{"unit_resources": {"CPU": 1.0}},
+                                                             {"unit_resources": {"CPU": 1.0, "memory": 5.0}}])
+        return [pg("workers", "CREATED"), pg("old", "REMOVED")]
+
+    monkeypatch.setattr(state, "list_actors", list_actors)
+    monkeypatch.setattr(state, "list_placement_groups", list_placement_groups)
+    held = ClusterView("http://127.0.0.1:1", "127.0.0.1:2").held_by_job("02000000")
+    assert asked == {"actors": [("job_id", "=", "02000000")], "groups": [("creator_job_id", "=", "02000000")]}
+    assert held == ["actor Leaky aaaaaaaa ALIVE with 1 CPU on node nnnnnnnn",
+                    "actor Coming aaaaaaaa PENDING_CREATION with 1 GPU on node nnnnnnnn",
+                    "placement group workers CREATED with 2 CPU"], held
+
+    monkeypatch.setattr(state, "list_actors", lambda **kw: (_ for _ in ()).throw(ConnectionError("refused")))
+    with pytest.raises(ClusterError, match="could not list job 02000000's actors and placement groups"):
+        ClusterView("http://127.0.0.1:1", "127.0.0.1:2").held_by_job("02000000")
