@@ -9,6 +9,7 @@ hung process) and collects the shim's JSON log into the timeline.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shlex
@@ -44,9 +45,8 @@ def deliver_to_workers(ctx: FaultContext) -> tuple[str, int]:
     hosts = {h.key: h for h in (ctx.backend.host(n.node_id) for n in ctx.cluster.alive_workers())}
     if not hosts:
         raise InjectionError("no live worker node to put the CUDA shim on")
-    # One host after another: the Kubernetes client's exec (kubernetes.stream) swaps the shared
-    # ApiClient's request method while it runs, so execs from several threads would corrupt it.
-    paths = {deliver_shim(h.transport, ctx.backend.python) for h in hosts.values()}
+    with concurrent.futures.ThreadPoolExecutor(min(8, len(hosts)), thread_name_prefix="shim-delivery") as pool:
+        paths = set(pool.map(lambda h: deliver_shim(h.transport, ctx.backend.python), hosts.values()))
     [path] = paths  # one root and one source hash: every host reports the same path
     return path, len(hosts)
 

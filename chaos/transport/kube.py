@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL, WSClient
@@ -99,10 +100,16 @@ class KubeExecTransport:
 
     # --- opening a stream ------------------------------------------------------------------------
     def _connect(self, argv: list[str], protocol: str) -> WSClient:
+        # The client's stream() swaps its ApiClient's call_api for a WebSocket one while it
+        # opens the stream: on the shared client, calls from other threads meanwhile (a
+        # delivery on another host, the node checks) went out as WebSocket handshakes and the
+        # swap could stick.  Each exec opens on an ApiClient of its own.
+        own = client.ApiClient(self.access.api_client.configuration)
         try:
-            return stream(self.access.core.connect_get_namespaced_pod_exec, self.pod_name, self.access.namespace,
-                          command=argv, container=self.container, stderr=True, stdin=False, stdout=True, tty=False,
-                          binary=True, _preload_content=False, _headers={"sec-websocket-protocol": protocol})
+            return stream(client.CoreV1Api(own).connect_get_namespaced_pod_exec, self.pod_name,
+                          self.access.namespace, command=argv, container=self.container, stderr=True, stdin=False,
+                          stdout=True, tty=False, binary=True, _preload_content=False,
+                          _headers={"sec-websocket-protocol": protocol})
         except ApiException as e:
             cause = e.__context__
             if isinstance(cause, WebSocketBadStatusException):
@@ -111,6 +118,8 @@ class KubeExecTransport:
                 raise HandshakeRefused(protocol, cause.status_code, body,
                                        cause.status_message or f"HTTP {cause.status_code}") from e
             raise
+        finally:
+            own.close()  # its connection pool; the WebSocket is the stream's own
 
     def _open(self, argv: list[str], cmd: str, deadline: float, timeout: float) -> WSClient:
         """The exec stream, opened on a helper thread so the deadline bounds the handshake."""

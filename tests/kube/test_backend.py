@@ -8,6 +8,7 @@ Pods are local processes (local_kubelet) so that exec runs real commands.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -361,14 +362,31 @@ def test_the_backend_serves_kubernetes_profiles_and_refuses_other_transports():
         KubernetesBackend(mixed)
 
 
-def test_the_cuda_shim_goes_into_pods_through_exec_and_leaves_the_api_client_working(ray_cluster, access,
-                                                                                      tmp_path):
-    """The shim's sources in commands an exec URL carries, into each pod one after another; the
-    client's exec swaps the shared ApiClient's request method while it runs, so every later
-    API call must still be a plain one (parallel deliveries broke that)."""
+def test_the_cuda_shim_goes_into_pods_through_exec_while_other_threads_use_the_api_client(ray_cluster, access,
+                                                                                          tmp_path):
+    """The shim's sources in commands an exec URL carries, into two pods at once while a third
+    thread lists pods through the same KubeAccess: the client's exec swaps its ApiClient's
+    request method while it opens a stream, so on a shared client the plain calls went out as
+    WebSocket handshakes (make chaos's Xid suites failed so).  Every call must stay plain."""
+    import concurrent.futures
+
     from chaos.shim import build
 
-    paths = {build.deliver_shim(KubeExecTransport(access, pod, container="ray"), root=str(tmp_path))
-             for pod in ("rc-gpu-worker-a", "rc-gpu-worker-b")}
+    stop = threading.Event()
+
+    def list_pods() -> int:
+        calls = 0
+        while not stop.is_set() or calls < 20:
+            assert [p.name for p in access.ray_pods()] == ["rc-gpu-worker-a", "rc-gpu-worker-b", "rc-head"]
+            calls += 1
+        return calls
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        plain = pool.submit(list_pods)
+        deliveries = [pool.submit(build.deliver_shim, KubeExecTransport(access, pod, container="ray"),
+                                  root=str(tmp_path)) for pod in ("rc-gpu-worker-a", "rc-gpu-worker-b")]
+        paths = {d.result(timeout=120) for d in deliveries}
+        stop.set()
+        assert plain.result(timeout=60) >= 20
     assert paths == {f"{tmp_path}/{build.shim_hash('cc')}/libchaos_cuda.so"}
     assert [p.name for p in access.ray_pods()] == ["rc-gpu-worker-a", "rc-gpu-worker-b", "rc-head"]
