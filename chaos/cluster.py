@@ -192,8 +192,10 @@ class ClusterView:
         )
 
     # -- watcher -----------------------------------------------------------------
-    def watch(self, timeline: Timeline, interval: float = 0.25) -> None:
-        """Emit node_dead / node_alive events into ``timeline`` until ``stop_watching``."""
+    def watch(self, timeline: Timeline, interval: float = 0.25,
+              on_joined: Callable[[Node], None] | None = None) -> None:
+        """Emit node_dead / node_alive events into ``timeline`` until ``stop_watching``;
+        ``on_joined(node)`` for each worker node that joins meanwhile (it must not block)."""
         known = {n.node_id: n.alive for n in self.nodes()}
         stop = self._watch_stop  # this watcher's own stop flag, even if stop_watching replaces it
 
@@ -208,6 +210,8 @@ class ClusterView:
                     was = known.get(n.node_id)
                     if was is None and n.alive:
                         timeline.emit("cluster", "node_alive", t=timeline.from_head(n.start_time) if n.start_time else time.time(), node_id=n.node_id, node_ip=n.ip)
+                        if on_joined is not None and not n.is_head:
+                            on_joined(n)
                     elif was and not n.alive:
                         timeline.emit("cluster", "node_dead", t=timeline.from_head(n.end_time) if n.end_time else time.time(), node_id=n.node_id,
                                       node_ip=n.ip, death_reason=n.death_reason)

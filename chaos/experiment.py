@@ -12,7 +12,9 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import queue
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Callable
 
 from chaos import plot, summary
 from chaos.backends.base import Backend
-from chaos.cluster import ClusterView, Target
+from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection
 from chaos.faults.correlated import Correlated, fan_out, spread_s
@@ -160,7 +162,11 @@ class Experiment:
         run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
         targets: list[Target] = []
         nodes_before = env.cluster.table()
-        env.cluster.watch(self.timeline)
+        joined: queue.SimpleQueue = queue.SimpleQueue()
+        env.cluster.watch(self.timeline, on_joined=joined.put)
+        preparer = threading.Thread(target=self._prepare_joined, args=(ctx, joined), name="prepare-joined",
+                                    daemon=True)
+        preparer.start()
         verdicts: list[Verdict] = []
         self.verdicts = verdicts
         watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s,
@@ -239,6 +245,8 @@ class Experiment:
                     for v in verdicts:
                         r.say(v.line())
             self._cleanup("stop the node watcher", env.cluster.stop_watching)
+            joined.put(None)
+            preparer.join(timeout=150)  # a delivery under way ends within deliver_shim's own timeouts
             env._timelines.remove(self.timeline)
             heal_verdict = self._heal(run)
             verdicts.append(heal_verdict)
@@ -249,6 +257,26 @@ class Experiment:
                     {"expectation": dataclasses.asdict(self.expect), "finished": finding is None}, default=str))
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
+
+    def _prepare_joined(self, ctx: FaultContext, joined: "queue.SimpleQueue[Node | None]") -> None:
+        """Each worker node that joins during the run gets what the faults put on the hosts
+        before it (``Fault.prepare_node``), one node after another until None; a failure is
+        said and left to the arming, which checks what it needs."""
+        while (node := joined.get()) is not None:
+            if self.env.dry_run:
+                continue
+            for _, fault in self.faults:
+                for member in getattr(fault, "members", [fault]):
+                    try:
+                        done = member.prepare_node(ctx, node)
+                    except Exception as e:
+                        log.warning("prepare %s on joined node %s: %s", member.kind, node.short(), e)
+                        self.reporter.say(f"prepare: could not prepare node {node.short()} for {member.kind}: {e}")
+                        continue
+                    if done:
+                        self.reporter.say(f"prepare: {done}")
+                        self.timeline.emit("harness", "node_prepared", node_id=node.node_id, fault=member.kind,
+                                           what=done)
 
     def run_env(self) -> dict[str, str]:
         """What the run's environment gets from the harness: each fault's settings, the

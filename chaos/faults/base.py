@@ -12,7 +12,7 @@ import abc
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
-from chaos.cluster import Target
+from chaos.cluster import Node, Target
 from chaos.errors import InjectionError
 from chaos.faults import catalog
 from chaos.timeline import Event, Timeline
@@ -68,6 +68,11 @@ class Fault(abc.ABC):
     def prepare(self, ctx: FaultContext) -> str | None:
         """Before the run starts: put on the cluster's hosts what ``run_env`` names, and say
         what (most faults need nothing there: None)."""
+        return None
+
+    def prepare_node(self, ctx: FaultContext, node: Node) -> str | None:
+        """A worker node joined during the run (a replacement, a rebooted host): put there
+        what ``prepare`` put on the hosts before the run, and say what (None: nothing)."""
         return None
 
     def run_env(self) -> dict[str, str]:

@@ -15,7 +15,7 @@ import os
 import shlex
 import uuid
 
-from chaos.cluster import Target
+from chaos.cluster import Node, Target
 from chaos.errors import InjectionError
 from chaos.faults.base import Fault, FaultContext, Injection, placement_target
 from chaos.shim.control import control_command, process_env
@@ -79,11 +79,29 @@ class ShimFault:
     log_path: str
     driver_dir: str | None
 
+    delivered: bool = False  # whether prepare put the shim on the hosts (not given a path)
+
     def prepare(self, ctx: FaultContext) -> str | None:
         if self.shim_path is not None:
             return None
         self.shim_path, hosts = deliver_to_workers(ctx)
+        self.delivered = True
         return f"the CUDA shim at {self.shim_path} on {hosts} worker host{'s' if hosts > 1 else ''}"
+
+    def prepare_node(self, ctx: FaultContext, node: Node) -> str | None:
+        """The shim on a node that joined during the run, at the path the run preloads, as
+        soon as Ray lists the node: Train's processes there start with it only if it is there
+        first (ld.so skips a missing preload), and arming checks that it was."""
+        from chaos.shim.build import deliver_shim
+
+        if not self.delivered:
+            return None
+        host = ctx.backend.host(node.node_id)
+        path = deliver_shim(host.transport, ctx.backend.python)
+        if path != self.shim_path:
+            raise InjectionError(f"{host.name or host.key}: the CUDA shim went to {path}, but the run preloads "
+                                 f"{self.shim_path}")
+        return f"the CUDA shim at {path} on {host.name or host.key}, which joined during the run ({node.short()})"
 
     def run_env(self) -> dict[str, str]:
         env = shim_env(self.shim_path, self.control_path, self.log_path, self.driver_dir)

@@ -5,6 +5,7 @@ their budget class from the catalog and keep per-injection state off the fault o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
 import json
 import threading
@@ -528,3 +529,47 @@ def test_what_an_ended_job_still_holds_is_named_from_the_state_api(monkeypatch):
     monkeypatch.setattr(state, "list_actors", lambda **kw: (_ for _ in ()).throw(ConnectionError("refused")))
     with pytest.raises(ClusterError, match="could not list job 02000000's actors and placement groups"):
         ClusterView("http://127.0.0.1:1", "127.0.0.1:2").held_by_job("02000000")
+
+
+def test_a_worker_node_that_joins_during_the_run_gets_the_shim_before_a_fault_is_armed_there(tmp_path,
+                                                                                             monkeypatch):
+    """The node watcher hands each worker node that joins (not the head, not the nodes it
+    started with) to the experiment, which puts the shim there at the path the run preloads."""
+    import queue
+
+    from chaos.experiment import Environment, Experiment
+    from chaos.ledger import Ledger
+    from chaos.shim import build
+    from chaos.timeline import Timeline
+    from chaos.triggers import AfterCheckpoint
+    from chaos.verify import Expectation
+
+    monkeypatch.setattr(build, "REMOTE_ROOT", str(tmp_path / "remote"))
+    b = LocalHosts()
+    b.cluster = FakeView(HEAD, W2)
+    fault = CudaFault("ecc", rank=1)
+    ctx = FaultContext(cluster=b.cluster, timeline=Timeline(), backend=b)
+    fault.prepare(ctx)
+    path = fault.run_env()["LD_PRELOAD"]
+
+    joined, timeline = queue.SimpleQueue(), Timeline()
+    b.cluster.watch(timeline, interval=0.01, on_joined=joined.put)
+    new_head = dataclasses.replace(HEAD, node_id="e" * 56)
+    b.cluster._nodes += [W3, new_head]  # a worker and a (restarted) head join
+    assert joined.get(timeout=10) == W3
+    timeline.wait_for(lambda ev: len([e for e in ev if e.kind == "node_alive"]) == 2 or None, 10, "both joins")
+    b.cluster.stop_watching()
+    assert joined.empty(), "the head gets nothing: it runs no rank"
+
+    env = Environment(backend=b, ledger=Ledger(tmp_path / "ledger.jsonl"), out_dir=tmp_path)
+    exp = Experiment(env, spec=None, faults=[(AfterCheckpoint(2), fault)], expect=Expectation(), test_id="t::join")
+    said = []
+    exp.reporter.say = said.append
+    joined.put(W3)
+    joined.put(None)
+    exp._prepare_joined(ctx, joined)
+    assert said == [f"prepare: the CUDA shim at {path} on machine-{W3.ip}, which joined during the run ({W3.short()})"]
+    assert any("test -f" in c and path in c for c in b.reach(W3.ip).transport.commands)
+    assert [e.data["node_id"] for e in exp.timeline.of("node_prepared")] == [W3.node_id]
+    # a fault given a library already on the nodes puts nothing on a joined node either
+    assert CudaFault("ecc", rank=1, shim_path="/opt/shim.so").prepare_node(ctx, W3) is None
