@@ -19,6 +19,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # well-known Kubernete
 # No AWS label carrying the EC2 instance id was found (real node names are "hyperpod-<id>"):
 # this one is ours.
 INSTANCE_ID_LABEL = "chaos.ray.io/instance-id"
+# The node conditions the health-monitoring agent sets: AWS's documented detection event is
+# NvidiaErrorReboot (reason XidHardwareFailure); NvidiaErrorReplace is the emulator's name.
+NVIDIA_ERROR_REBOOT = "NvidiaErrorReboot"
+NVIDIA_ERROR_REPLACE = "NvidiaErrorReplace"
 
 
 def instance_id_of(node: dict) -> str | None:

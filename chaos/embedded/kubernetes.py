@@ -40,7 +40,8 @@ from chaos.embedded.kube.server import ApiServer
 from chaos.embedded.kube.testhost_hosts import TestHostHosts, new_instance_id
 from chaos.embedded.sagemaker import SageMakerEndpoint
 from chaos.errors import ClusterError
-from chaos.hyperpod import HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE
+from chaos.hyperpod import (COMPUTE_TYPE_LABEL, HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, INSTANCE_TYPE_LABEL,
+                            SCHEDULABLE)
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class EmbeddedKubernetes:
             self.kubelet.add_node(name, HostMachine(host), {
                 ROLE_LABEL: "worker", HEALTH_LABEL: SCHEDULABLE, INSTANCE_GROUP_LABEL: WORKER_GROUP,
                 INSTANCE_ID_LABEL: instance, INSTANCE_TYPE_LABEL: INSTANCE_TYPE,
-                "sagemaker.amazonaws.com/compute-type": "hyperpod"})
+                COMPUTE_TYPE_LABEL: "hyperpod"})
 
     def _control_plane(self) -> None:
         self.server = ApiServer(lifecycle=self.kubelet, host="127.0.0.1", port=free_port(self._ports()))

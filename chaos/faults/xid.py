@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 
+from chaos import hyperpod
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection, placement_target
@@ -103,9 +104,9 @@ class AgentSignals:
     name) and its ``node-health-status`` label; NVSentinel and others: name their condition
     types and taint keys in the profile (``kubernetes.node_agent``)."""
 
-    conditions: tuple[str, ...] = ("NvidiaErrorReboot", "NvidiaErrorReplace")
-    label: str | None = "sagemaker.amazonaws.com/node-health-status"
-    label_values: tuple[str, ...] = ("UnschedulablePendingReboot", "UnschedulablePendingReplacement")
+    conditions: tuple[str, ...] = (hyperpod.NVIDIA_ERROR_REBOOT, hyperpod.NVIDIA_ERROR_REPLACE)
+    label: str | None = hyperpod.HEALTH_LABEL
+    label_values: tuple[str, ...] = (hyperpod.PENDING_REBOOT, hyperpod.PENDING_REPLACEMENT)
     taints: tuple[str, ...] = ()
 
     def on(self, node: dict) -> dict:
@@ -322,7 +323,7 @@ class _ChainWatch(threading.Thread):
     a timeline event stamped when the harness saw it; a watch that fails says so
     (``chain_watch_failed``)."""
 
-    INSTANCE_GROUP = "sagemaker.amazonaws.com/instance-group-name"
+    INSTANCE_GROUP = hyperpod.INSTANCE_GROUP_LABEL
 
     def __init__(self, kube, node: dict, start: tuple[dict[str, dict], str], signals: AgentSignals,
                  agent_slo_s: float, recover_timeout_s: float, timeline, ledger_id: str | None, xid: int):

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model,
                       field_validator, model_validator)
 
+from chaos import hyperpod
 from chaos.errors import ProfileError
 from chaos.faults import catalog
 
@@ -362,10 +363,10 @@ class NodeAgentSettings(_Model):
     Defaults: SageMaker HyperPod's health-monitoring agent; NVSentinel: its condition types
     and taint keys, ``label: null``."""
 
-    conditions: list[str] = Field(default_factory=lambda: ["NvidiaErrorReboot", "NvidiaErrorReplace"])
-    label: str | None = "sagemaker.amazonaws.com/node-health-status"
-    label_values: list[str] = Field(default_factory=lambda: ["UnschedulablePendingReboot",
-                                                             "UnschedulablePendingReplacement"])
+    conditions: list[str] = Field(default_factory=lambda: [hyperpod.NVIDIA_ERROR_REBOOT,
+                                                           hyperpod.NVIDIA_ERROR_REPLACE])
+    label: str | None = hyperpod.HEALTH_LABEL
+    label_values: list[str] = Field(default_factory=lambda: [hyperpod.PENDING_REBOOT, hyperpod.PENDING_REPLACEMENT])
     taints: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -21,10 +21,11 @@ from chaos.embedded import netns, testhost
 from chaos.embedded.kube import ApiServer
 from chaos.embedded.kube.health import DEFAULT_XID_ACTIONS, HealthMonitor, parse_xid
 from chaos.embedded.kube.hyperpod import (DETECT_STEPS, FAULT_REASONS_LABEL, FAULT_TYPES_LABEL, NO_XID_SINCE_REBOOT,
-                                          NVIDIA_ERROR_REBOOT, NVIDIA_ERROR_REPLACE, REBOOT_STEPS, REPLACE_STEPS,
-                                          XID_HARDWARE_FAILURE, HostInfo, Hosts, HyperPodAgent, api_client_for)
+                                          REBOOT_STEPS, REPLACE_STEPS, XID_HARDWARE_FAILURE, HostInfo, Hosts,
+                                          HyperPodAgent, api_client_for)
 from chaos.embedded.kube.resources import NODES
-from chaos.hyperpod import HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
+from chaos.hyperpod import (HEALTH_LABEL, INSTANCE_ID_LABEL, NVIDIA_ERROR_REBOOT, NVIDIA_ERROR_REPLACE, PENDING_REBOOT,
+                            PENDING_REPLACEMENT, SCHEDULABLE)
 from kube_helpers import add_node
 
 ID1, ID2 = "i-0123456789abcdef0", "i-0fedcba9876543210"

@@ -60,8 +60,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from chaos.embedded.kube.health import DEFAULT_XID_ACTIONS, REBOOT, REPLACE, HealthMonitor, Xid
-from chaos.hyperpod import (COMPUTE_TYPE_LABEL, HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT,
-                            PENDING_REPLACEMENT, SCHEDULABLE, instance_id_of)
+from chaos.hyperpod import (COMPUTE_TYPE_LABEL, HEALTH_LABEL, INSTANCE_GROUP_LABEL, INSTANCE_ID_LABEL,
+                            NVIDIA_ERROR_REBOOT, NVIDIA_ERROR_REPLACE, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE,
+                            instance_id_of)
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,7 @@ ACTIONS = {PENDING_REBOOT: REBOOT, PENDING_REPLACEMENT: REPLACE}
 
 # Health monitoring (see the module docstring).  AWS's documented HMA detection event is node
 # condition NvidiaErrorReboot with reason XidHardwareFailure and the NVRM line as message (notes);
-# NvidiaErrorReplace and NoXidSinceReboot are this emulator's names.
-NVIDIA_ERROR_REBOOT = "NvidiaErrorReboot"
-NVIDIA_ERROR_REPLACE = "NvidiaErrorReplace"
+# NvidiaErrorReplace and NoXidSinceReboot are this emulator's names (chaos.hyperpod).
 XID_CONDITIONS = {REBOOT: NVIDIA_ERROR_REBOOT, REPLACE: NVIDIA_ERROR_REPLACE}
 XID_HARDWARE_FAILURE = "XidHardwareFailure"  # the condition's reason, and our fault-types value
 NO_XID_SINCE_REBOOT = "NoXidSinceReboot"  # the reason once a reboot cleared the condition

@@ -46,6 +46,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from chaos import hyperpod
+
 log = logging.getLogger("chaos.embedded.kube.kuberay")
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
@@ -60,7 +62,7 @@ CREATED_BY = "app.kubernetes.io/created-by"
 HEAD_GROUP = "headgroup"
 OVERWRITE_CMD = "ray.io/overwrite-container-cmd"
 GEN_CMD_ENV = "KUBERAY_GEN_RAY_START_CMD"
-HYPERPOD_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+HYPERPOD_HEALTH = hyperpod.HEALTH_LABEL
 DEFAULT_REQUEUE_S = 2.0  # KubeRay's DefaultRequeueDuration
 _MAX_PREFIX = 50  # utils.PodName: 63 - len("-worker-") - 5 generated chars
 
