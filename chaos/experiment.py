@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-
 from chaos import plot, summary
 from chaos.backends.base import Backend
 from chaos.cluster import ClusterView, Node, Target
