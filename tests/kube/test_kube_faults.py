@@ -11,22 +11,26 @@ import dataclasses
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
+from kubernetes.client.rest import ApiException
+from ruamel.yaml import YAML
 
 from chaos.cluster import Target
-from chaos.embedded.kube import ApiServer, DisruptionBudget, serve
+from chaos.embedded.kube import ApiServer, DisruptionBudget, Rbac, Rule, serve
 from chaos.embedded.kube.hyperpod import HostInfo, Hosts, HyperPodAgent, api_client_for
-from chaos.embedded.kube.resources import NODES, PODS, prepare_new
+from chaos.embedded.kube.resources import NODES, PODS, RAYCLUSTERS, prepare_new
 from chaos.embedded.sagemaker import SageMakerEndpoint
 from chaos.errors import ClusterError, InjectionError, WaitTimeout
 from chaos.faults import catalog, preempt, registry
 from chaos.faults.base import FaultContext, Injection
 from chaos.faults.kube import (MARK, GracefulPodDelete, HyperPodReboot, HyperPodReplace, NodeDrain, PodDelete,
-                               PodEvict, kube_of)
+                               PodEvict, kube_of, list_nodes_at, wait_nodes, write_by_node_pod)
 from chaos.hyperpod import HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
 from chaos.profile.models import HyperPodSettings
 from chaos.timeline import Timeline
+from chaos.transport.kube import KubeExecTransport
 from chaos.transport.kube_access import KubeAccess
 from kube_helpers import OWNER, SLEEPER, TERM_IGNORER, pod_gone, pod_ready, wait_for
 
@@ -638,3 +642,52 @@ def test_a_signal_already_on_the_node_makes_the_chain_unverifiable_not_a_pass():
         watch.join(20)
         [failed] = timeline.of("chain_watch_failed")
         assert "already carried" in failed.data["error"] and not timeline.of("node_agent_acted"), timeline.events
+
+
+# -- the example Job's RBAC (examples/kubernetes/chaos-job.yaml) -------------------------------------
+EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "chaos-job.yaml"
+
+
+def example_job_rbac(namespace: str = "default") -> Rbac:
+    """The example Job's Role (here in ``namespace``) and ClusterRole as the emulator's allow-list,
+    which matches resources by name (``pods/exec``), not by API group."""
+    rules = []
+    for doc in YAML(typ="safe").load_all(EXAMPLE_JOB.read_text()):
+        if doc and doc["kind"] in ("Role", "ClusterRole"):
+            scope = (namespace,) if doc["kind"] == "Role" else None
+            rules += [Rule(tuple(r["verbs"]), tuple(r["resources"]), scope) for r in doc["rules"]]
+    return Rbac(tuple(rules), user="system:serviceaccount:ml-staging:ray-chaos")
+
+
+def test_the_example_jobs_rbac_lets_the_kubernetes_faults_and_the_backend_through(kubelet):
+    """Every API call of the pod faults, a drain and its revert, exec into a Ray pod, the
+    node-shell pod of the xid fault, the node watch and the RayCluster lookup, made with the
+    example Job's permissions and no other: a missing one is a 403 naming it."""
+    budget = DisruptionBudget("ray-workers", "default", "ray.io/group=gpu", min_available=1)
+    with serve(lifecycle=kubelet, budgets=[budget], rbac=example_job_rbac()) as server:
+        for name in ("n1", "n2"):
+            node(server, name)
+        for name, on in (("w1", "n1"), ("w2", "n2"), ("w3", "n2"), ("w4", "n2")):
+            pod(server, name, on)
+        kube = access(server)
+        assert [p.name for p in kube.ray_pods()] == ["w1", "w2", "w3", "w4"]
+        assert KubeExecTransport(kube, "w2", container="ray-worker").run("echo in-pod").stdout.strip() == "in-pod"
+        for fault, name in ((PodDelete(rank=1), "w3"), (PodEvict(rank=1), "w4")):
+            ctx, inj = setup(server, fault, name)
+            fault.inject(ctx, inj)
+            wait_for(server, lambda: pod_gone(server, name), f"pod {name} gone")
+        drain = NodeDrain(rank=1)
+        ctx, inj = setup(server, drain, "w1")
+        assert drain.inject(ctx, inj)["evicted"] == ["default/w1"]
+        assert drain.revert(ctx, inj) is True and node_state(server, "n1") == (False, None)
+        nodes, rv = list_nodes_at(kube)
+        assert wait_nodes(kube, lambda by_uid: (len(by_uid), f"{len(by_uid)} nodes"), 10, "the nodes",
+                          resume={"nodes": nodes, "rv": rv}) == 2
+        # the node-shell pod is created, watched to its end and deleted; its log read gets past RBAC
+        # to the local runtime, which keeps no container logs (400, where a refusal is a 403)
+        with pytest.raises(ApiException, match="container logs are not emulated"):
+            write_by_node_pod(kube, "n2", "busybox:1.36", "echo written", {}, "a line")
+        server.store.create(RAYCLUSTERS.plural, prepare_new(RAYCLUSTERS, {
+            "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"},
+            "spec": {"headGroupSpec": {}, "workerGroupSpecs": []}}, "default"))
+        assert kube.raycluster()["metadata"]["name"] == "rc"
