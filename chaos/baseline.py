@@ -86,11 +86,11 @@ def code_hash(spec: RunSpec) -> str:
                              and not (Path(dirpath) / d / "pyvenv.cfg").exists())
         files.update(Path(dirpath) / f for f in filenames if f.endswith(".py"))
     for word in shlex.split(spec.entrypoint):
-        candidate = root / word
-        if candidate.is_file():
+        candidate = root / word  # an absolute word (the interpreter's path) is not under root
+        if candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
             files.add(candidate)
     for f in sorted(files):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + _file_hash(f).encode())
+        h.update(str(f.resolve().relative_to(root.resolve())).encode() + b"\0" + _file_hash(f).encode())
     return h.hexdigest()
 
 

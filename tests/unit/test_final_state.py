@@ -1,6 +1,7 @@
 """The final-state verdict and its fault-free baselines, on recorded timelines."""
 
 import json
+import sys
 
 import pytest
 
@@ -156,6 +157,11 @@ def test_user_script_key_ignores_its_storage_option_and_follows_its_code(tmp_pat
     assert key("python train.py --seed 2") != before
     script.write_text("print(2)\n")
     assert key("python train.py --seed 1") != before
+    # the interpreter by its absolute path (sys.executable), a config file named by the command
+    (tmp_path / "cfg.yaml").write_text("lr: 1\n")
+    absolute = key(f"{sys.executable} train.py --config cfg.yaml --seed 1")
+    (tmp_path / "cfg.yaml").write_text("lr: 2\n")
+    assert key(f"{sys.executable} train.py --config cfg.yaml --seed 1") != absolute
 
 
 def test_cached_baseline_is_reused_and_refresh_makes_a_new_one(tmp_path):
