@@ -48,6 +48,11 @@ class CudaDriverError(RuntimeError):
         self.error_name = CODES.get(code, "CUDA_ERROR_UNRECOGNIZED")
         self.symbol = symbol
 
+    def __reduce__(self):
+        # Ray pickles a worker's exception to its caller; the default rebuilds it from
+        # ``args`` (the message alone), which this __init__ cannot take.
+        return type(self), (self.error_code, self.symbol)
+
 
 class DriverClient:
     """One device, one buffer, one empty kernel: a training step's driver traffic in miniature."""

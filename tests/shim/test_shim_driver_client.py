@@ -12,15 +12,18 @@ import pytest
 from chaos.shim.control import arm, process_env, read_log
 from chaos.shim.plan import Plan
 
+# The error as the caller gets it: Ray pickles a worker's exception to the controller (an
+# exception that cannot be rebuilt from its pickle reached Train as a deserialization error).
 STEPS = """
-import json, sys
+import json, pickle, sys
 from chaos.shim.driver_client import DriverClient
 client = DriverClient()
 for _ in range(int(sys.argv[1])):
     try:
         client.step()
         print(json.dumps(None))
-    except RuntimeError as e:
+    except RuntimeError as raised:
+        e = pickle.loads(pickle.dumps(raised))
         print(json.dumps([str(e), e.error_code, e.symbol]))
 """
 
