@@ -33,6 +33,7 @@ class Attribution:
     by_time: list[Event] = dataclasses.field(default_factory=list)
     # what each decision's evidence said (id of the decision -> its reading), claimed or not
     readings: dict[int, "_Reading"] = dataclasses.field(default_factory=dict)
+    kinds: dict[str, str] = dataclasses.field(default_factory=dict)  # ledger (or group) id -> fault kind
 
     def charges(self, key: str) -> list[Event]:
         return self.by_fault[key] if key in self.lasting else self.by_fault[key][:1]
@@ -298,7 +299,8 @@ def attribute(timeline: Timeline) -> Attribution:
                 f"the fault before it ({g[0].data.get('fault')}) was already charged for attempt {charged_for}'s "
                 "failure, and a fault is charged once" if charged_for is not None else seen.why))
     return Attribution(by_fault, consequential, unrelated, lasting, by_time,
-                       {id(decisions[j]): r for j, r in readings.items()})
+                       {id(decisions[j]): r for j, r in readings.items()},
+                       {k: g[0].data.get("fault") for k, g in zip(keys, groups)})
 
 
 def faulted_run_decisions(timeline: Timeline) -> list[Event]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from chaos.attribution import CAPACITY_ERRORS, Attribution, attribute, faulted_run_decisions
 from chaos.errors import VerificationError
-from chaos.faults.catalog import limit_name
+from chaos.faults.catalog import KINDS, limit_name
 from chaos.timeline import Event, Timeline, faulted_runs, latest_run, recovery_metrics, runs, steps_of
 from chaos.train.recording import AUTO_STEP_METRICS as AUTO_STEP_NAMES
 
@@ -740,8 +740,9 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
     started = _faulted_run_event(timeline, "controller_started")
     fc = started.data.get("failure_config", {}) if started else {}
     att = attribute(timeline)
-    primary = [d for k in att.by_fault if k not in att.lasting for d in att.charges(k)]
-    by_class = collections.Counter(d.data.get("budget_class") for d in primary)
+    primary = [(k, d) for k in att.by_fault if k not in att.lasting for d in att.charges(k)]
+    by_class = collections.Counter(d.data.get("budget_class") for _, d in primary)
+    raced = [(k, d) for k, d in primary if _raced(att.kinds.get(k), d)]
     platform = dict(collections.Counter(d.data.get("budget_class") for k in att.lasting for d in att.charges(k)))
     evidence = {"charged_by_faults": dict(by_class), "expected_charges": expect.charged, "failure_config": fc,
                 "charged_by_node_recovery_faults": platform, "charge_outcomes": expect.charge_outcomes,
@@ -756,7 +757,9 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                 "attributed_why": {k: [_reading_json(att, d).get("why") for d in v] for k, v in att.by_fault.items()},
                 "attributed_by_time_only": [{"attempt": d.attempt, "budget_class": d.data.get("budget_class"),
                                              "error_types": d.data.get("error_types")} | _reading_json(att, d)
-                                            for d in att.by_time]}
+                                            for d in att.by_time],
+                "raced": [{"attempt": d.attempt, "fault": att.kinds[k], "charged": d.data.get("budget_class"),
+                           "counted_as": KINDS[att.kinds[k]].budget_class} for k, d in raced]}
     if decisions and any(not e.data.get("budget_class") for e in decisions):
         return Verdict("within-budget", "unverifiable", "unverifiable: a failure decision came without Ray's "
                        "[FailurePolicy] accounting", "unverifiable: no failure-policy record", evidence)
@@ -794,6 +797,17 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                        evidence)
     counts = dict(by_class)
     want = {k: v for k, v in expect.charged.items() if v}
+    race_note = ""
+    if counts != want and raced:  # Ray's own race, only for the faults of a kind that has one
+        moved = collections.Counter(KINDS[att.kinds[k]].budget_class for k, _ in raced)
+        moved.subtract(collections.Counter(d.data.get("budget_class") for _, d in raced))
+        relabelled = dict(collections.Counter(by_class) + moved)  # + keeps the positive counts only
+        if relabelled == want:
+            counts = relabelled
+            race_note = "; " + "; ".join(
+                f"the {att.kinds[k]} fault's failure (attempt {d.attempt}) was charged to "
+                f"{limit_name(d.data.get('budget_class'))} instead, by a race in Ray: {KINDS[att.kinds[k]].race_why}"
+                for k, d in raced)
     if counts != want:
         wrong = set(counts) - set(want)
         diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
@@ -810,12 +824,13 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                        "charge not among the measured outcomes", evidence)
     limits = {c: v for c, v in (charged(timeline)).items()}
     parts = [f"{n} to {limit_name(c)}={limits[c]['limit'] if limits[c]['limit'] is not None else 'unlimited'}"
-             for c, n in (collections.Counter(counts) + collections.Counter(platform)).items()]
+             for c, n in (by_class + collections.Counter(platform)).items()]
     extra = ""
     if att.consequential:
         waits = collections.Counter(d.data.get("budget_class") for d in att.consequential)
         extra = "; plus " + ", ".join(f"{n} to {limit_name(c)} while the worker group waited for the lost capacity"
                                       for c, n in waits.items())
+    extra += race_note
     if att.lasting:
         extra += (f"; the node-recovery fault(s) charged {platform or 'nothing'} (what Ray made of the GPU failure "
                   "and the node's recovery, one of the measured outcomes)")
@@ -823,6 +838,12 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
         return _attributed_by_time_only(att, evidence)
     return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should"
                    + extra, None, evidence)
+
+
+def _raced(kind: str | None, decision: Event) -> bool:
+    """The decision is charged to the class its fault's kind may get by a race in Ray (catalog)."""
+    entry = KINDS.get(kind or "")
+    return bool(entry and entry.race_charge and decision.data.get("budget_class") == entry.race_charge)
 
 
 def _reading_json(att: Attribution, d: Event) -> dict:

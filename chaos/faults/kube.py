@@ -381,7 +381,9 @@ class _PodFault:
 
 class PodDelete(_PodFault, Fault):
     """The pod deleted with grace 0: the object goes at once, the kubelet kills the
-    containers within its 2 s floor — a hard failure, charged to ``max_failures``."""
+    containers within its 2 s floor — a hard failure, charged to ``max_failures`` (or, by a
+    race in Ray on that SIGTERM, rarely to ``max_preemption_failures``: the catalog's
+    ``race_charge``)."""
 
     kind = "pod-delete"
 

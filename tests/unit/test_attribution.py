@@ -171,6 +171,51 @@ def test_a_script_crash_during_a_preemption_is_unrelated_not_a_wrong_budget_clas
     assert charged(v) == {"f1": 0}
 
 
+# -- a hard pod delete may be charged as a preemption, by Ray's own race; nothing else may ----
+def lost_node(kind, budget_class, faults=1):
+    """``faults`` losses of rank 1's node, each charged to ``budget_class`` by Ray."""
+    s = Script().start_attempt().steps(1, 12)
+    for _ in range(faults):
+        fails(s.fault(kind=kind), {1: HEALTH}, budget_class=budget_class, limit=None)
+        s.start_attempt().steps(11, 14)
+    return s.finish().timeline()
+
+
+def test_a_hard_pod_delete_charged_as_a_preemption_passes_and_says_it_was_rays_race():
+    v = within_budget(lost_node("pod-delete", "preemption"), EXPECT_ONE)
+    assert v.status == "pass", v.line()
+    assert "charged 1 to max_preemption_failures=unlimited" in v.message
+    assert "the pod-delete fault's failure (attempt 0) was charged to max_preemption_failures instead, by a race " \
+           "in Ray: the kubelet SIGTERMs" in v.message
+    assert v.evidence["raced"] == [{"attempt": 0, "fault": "pod-delete", "charged": "preemption",
+                                    "counted_as": "worker_group"}]
+
+
+def test_twin_a_raylet_kill_charged_as_a_preemption_is_the_wrong_budget_class():
+    v = within_budget(lost_node("raylet-kill", "preemption"), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+    assert v.evidence["raced"] == []
+
+
+def test_a_hard_pod_delete_charged_to_the_controller_budget_is_still_the_wrong_class():
+    v = within_budget(lost_node("pod-delete", "controller"), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+
+
+def test_the_race_moves_only_the_hard_deletes_own_charges_never_the_count():
+    """Two hard deletes, one charged each way: both counted; expecting three still fails."""
+    s = Script().start_attempt().steps(1, 12)
+    for cls in ("worker_group", "preemption"):
+        fails(s.fault(kind="pod-delete"), {1: HEALTH}, budget_class=cls, limit=None)
+        s.start_attempt().steps(11, 14)
+    tl = s.finish().timeline()
+    assert within_budget(tl, Expectation(charged={"worker_group": 2})).status == "pass"
+    v = within_budget(tl, Expectation(charged={"worker_group": 3}))
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+    v = within_budget(tl, Expectation(charged={"preemption": 2}))
+    assert v.status == "fail", v.line()
+
+
 # -- (5) missing evidence is never a pass ----------------------------------------------------
 def bare(error_types=(), worker_error=None, **kw):
     s = Script(**kw).start_attempt().steps(1, 12).fault()

@@ -72,10 +72,10 @@ class Script:
             self.report(steps, ck, states)
         return self
 
-    def fault(self, node_id="n1", detect=1.5):
+    def fault(self, node_id="n1", detect=1.5, kind="raylet-kill"):
         self.faults += 1
         ledger_id = f"f{self.faults}"
-        self.events.append(self._e("fault", "fault_injected", fault="raylet-kill", ledger_id=ledger_id,
+        self.events.append(self._e("fault", "fault_injected", fault=kind, ledger_id=ledger_id,
                                    target={"node_id": node_id, "node_ip": "127.0.1.3"}))
         self.events.append(self._e("cluster", "node_dead", detect, node_id=node_id))
         self.events.append(Event(self.t, "fault", "fault_detected", {"ledger_id": ledger_id, "by": "node_dead"}))
