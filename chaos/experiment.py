@@ -29,7 +29,7 @@ from chaos.faults.correlated import Correlated, fan_out, spread_s
 from chaos.ledger import Ledger
 from chaos.progress import CRASH_LOOP_FAILURES, Finding, StallWatch
 from chaos.report import Reporter
-from chaos.timeline import Event, Timeline, first_recovery, recovery_metrics, run_at
+from chaos.timeline import Event, Timeline, first_recovery, run_at
 from chaos.train.run import Run, RunSpec
 from chaos.train.tape import ENV_TAPE_FILE
 from chaos.triggers import run_ended
@@ -555,8 +555,7 @@ class Experiment:
                 r.attach_text("SSH transcript", "\n".join(transcript))
             png = plot.render_timeline(self.timeline, self.dir / "timeline.png", title=self.slug)
             r.attach_png("timeline", png)
-            started = self.timeline.first("controller_started")
-            metrics = summary.metrics_for(self.timeline, started.data.get("failure_config", {}) if started else {})
+            metrics = summary.metrics_for(self.timeline, summary.failure_config_of(self.timeline))
             for key in ("time_to_detect", "time_to_recover", "steps_lost", "ettr"):
                 if metrics.get(key) is not None:
                     r.parameter(key, round(metrics[key], 2) if isinstance(metrics[key], float) else metrics[key])
@@ -566,7 +565,5 @@ class Experiment:
 
     def record(self, outcome: str) -> dict:
         """The per-test record for reports/summary.json."""
-        return {"test": self.test_id, "fault_kind": ",".join(sorted({f.kind for _, f in self.faults})),
-                "backend": self.env.backend.label, "outcome": outcome,
-                "verdicts": [v.to_json() for v in getattr(self, "verdicts", [])], "metrics": getattr(self, "metrics", {}),
-                "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(self.timeline)]}
+        return summary.test_record(self.test_id, (f.kind for _, f in self.faults), self.env.backend.label, outcome,
+                                   getattr(self, "verdicts", []), self.timeline, getattr(self, "metrics", {}))

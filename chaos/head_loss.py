@@ -36,7 +36,7 @@ from typing import Callable
 
 import psutil
 
-from chaos import verify
+from chaos import plot, summary, verify
 from chaos.embedded.cluster import EmbeddedCluster
 from chaos.errors import WaitTimeout
 from chaos.report import Reporter
@@ -129,10 +129,13 @@ class HeadLossExperiment:
     """One Train run on ``cluster``, one head fault, and resubmissions of the run."""
 
     def __init__(self, cluster: EmbeddedCluster, spec: RunSpec, run_dir: Path, reporter: Reporter | None = None,
-                 unverifiable: str = "fail"):
+                 unverifiable: str = "fail", test_id: str = ""):
         from ray.job_submission import JobSubmissionClient  # HTTP only: no driver
 
         self.cluster, self.spec, self.run_dir = cluster, spec, Path(run_dir)
+        self.test_id = test_id or spec.name
+        self.verdicts: list[Verdict] = []
+        self.metrics: dict = {}
         self.reporter, self.unverifiable = reporter or Reporter(), unverifiable
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.timeline = Timeline()
@@ -176,14 +179,33 @@ class HeadLossExperiment:
         return end
 
     def judge(self, verdicts: list[Verdict]) -> None:
-        """Report the verdicts (console, Allure, run dir) and fail the test on any that fails."""
+        """Report the verdicts (console, Allure, run dir, the summary record) with the timeline
+        and its picture, and fail the test on any that fails."""
+        self.verdicts = list(verdicts)
         for v in verdicts:
             self.reporter.say(v.line())
         self.reporter.attach_text("verdicts", "\n".join(v.line() for v in verdicts))
         self.reporter.attach_json("verdict evidence", [v.to_json() for v in verdicts])
         (self.run_dir / "verdicts.json").write_text(json.dumps([v.to_json() for v in verdicts], indent=1,
                                                                default=str))
+        self._attach()
         verify.check(verdicts, self.unverifiable)
+
+    def _attach(self) -> None:
+        try:
+            self.timeline.dump(self.run_dir / "timeline.json")
+            self.reporter.attach_file("timeline.json", self.run_dir / "timeline.json")
+            png = plot.render_timeline(self.timeline, self.run_dir / "timeline.png", title=self.spec.name)
+            self.reporter.attach_png("timeline", png)
+            self.metrics = summary.metrics_for(self.timeline, summary.failure_config_of(self.timeline))
+        except Exception as e:  # artefacts must never hide the real outcome
+            log.exception("could not attach the head-loss artefacts: %s", e)
+
+    def record(self, outcome: str) -> dict:
+        """The per-test record for reports/summary.json, as every experiment's."""
+        kinds = [e.data.get("fault", "?") for e in self.timeline.of("fault_injected")]
+        return summary.test_record(self.test_id, kinds, "embedded", outcome, self.verdicts, self.timeline,
+                                   self.metrics)
 
     # -- the fault ------------------------------------------------------------------
     def inject(self, kind: str, timeout: float = 120.0, settle_s: float = 10.0) -> HeadLoss:
@@ -199,7 +221,8 @@ class HeadLossExperiment:
         th = self.cluster.head_testhost
         boot_ids = [th.boot_id] if th is not None else []
         t_fault = time.time()
-        self.timeline.emit("harness", "fault_injected", fault=kind, target="head", job_id=job_id)
+        fault_id = uuid.uuid4().hex[:12]  # not the ledger's: a head fault is reverted by the cluster itself
+        self.timeline.emit("harness", "fault_injected", fault=kind, target="head", job_id=job_id, ledger_id=fault_id)
         detail = fault(self.cluster)
         killed = f"{len(detail)} processes SIGKILLed" if isinstance(detail, list) else f"pid {detail} SIGKILLed"
         self.reporter.say(f"injected {kind} into the head: {killed}")
@@ -208,6 +231,7 @@ class HeadLossExperiment:
             down = poll_until(lambda: (self._event_after("down", t_fault), self._head_seen()), 30,
                               f"the head to go down after {kind}")
             head_down_s = down["t"] - t_fault
+            self.timeline.emit("fault", "fault_detected", t=down["t"], ledger_id=fault_id, by="head_down")
             up = self.cluster.wait_head_up(after=boot, timeout=timeout)
             head_up_s = up["t"] - t_fault
             boot_ids += [up["boot_id"]] if th is not None else []

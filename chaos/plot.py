@@ -34,6 +34,8 @@ MARKER_STYLE = {
     "node_agent_silent": {"color": "tab:orange", "linestyle": ":", "linewidth": 1.2},
     "node_down": {"color": "tab:brown", "linestyle": "-", "linewidth": 1.0},
     "node_recovered": {"color": "tab:olive", "linestyle": "-", "linewidth": 1.2},
+    # a head fault (chaos.head_loss): the head answering again
+    "head_back": {"color": "tab:green", "linestyle": "-.", "linewidth": 1.3},
 }
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
 
@@ -139,6 +141,8 @@ def _marker_label(e: Event) -> str:
         return "agent: no action"
     if e.kind == "node_down":
         return "node deleted" if e.data.get("deleted") else "node down"
+    if e.kind == "head_back":
+        return "head back"
     if e.kind == "node_recovered":
         return {"reboot": "node rebooted", "replace": "node replaced"}.get(e.data.get("action"), "node back")
     return f"run {e.data.get('state', 'finished')}"

@@ -678,8 +678,9 @@ def chaos_head_loss(chaos_clusters, request):
         cluster = EmbeddedCluster(cfg).up()
         closers.callback(cluster.down)
         exp = HeadLossExperiment(cluster, spec, out / "runs" / name, reporter=reporter,
-                                 unverifiable=config.getoption("chaos_unverifiable"))
+                                 unverifiable=config.getoption("chaos_unverifiable"), test_id=request.node.nodeid)
         closers.callback(exp.close)
+        config.stash[_RECORDS][request.node.nodeid] = exp  # reports/summary.json, as the chaos fixture's
         return exp
 
     with closers:  # the experiment (stops its jobs), then its cluster

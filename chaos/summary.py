@@ -19,6 +19,7 @@ chaos.projection needs besides the recovery times to project ETTR to a large job
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -107,6 +108,20 @@ def checkpoint_figures(timeline: Timeline) -> dict:
 def _worst(values: Iterable[float | None]) -> float | None:
     seen = [v for v in values if v is not None]
     return max(seen) if seen else None
+
+
+def test_record(test: str, fault_kinds: Iterable[str], backend: str, outcome: str, verdicts: Iterable[Any],
+                timeline: Timeline, metrics: Mapping[str, Any] | None) -> dict:
+    """The per-test record (the module docstring's shape), for every kind of experiment."""
+    return {"test": test, "fault_kind": ",".join(sorted(set(fault_kinds))), "backend": backend, "outcome": outcome,
+            "verdicts": [v.to_json() for v in verdicts], "metrics": dict(metrics or {}),
+            "recoveries": [dataclasses.asdict(m) for m in recovery_metrics(timeline)]}
+
+
+def failure_config_of(timeline: Timeline) -> dict:
+    """The FailureConfig the run's controller reported (empty before it started)."""
+    started = timeline.first("controller_started")
+    return started.data.get("failure_config", {}) if started else {}
 
 
 def record_path(records_dir: str | os.PathLike, record: Mapping[str, Any]) -> Path:

@@ -12,11 +12,14 @@ import types
 import psutil
 import pytest
 
+from chaos import summary
 from chaos.embedded.redis import RedisServer, ping, redis_binary
-from chaos.errors import ClusterError
+from chaos.errors import ClusterError, VerificationError
 from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
+from chaos.plot import plot_data
+from chaos.report import Reporter
 from chaos.timeline import Timeline
-from chaos.verify import head_loss_outcome, reports_resumed, resumed_after_resubmission, workers_after_head_loss
+from chaos.verify import Verdict, head_loss_outcome, reports_resumed, resumed_after_resubmission, workers_after_head_loss
 from timelines import Script
 
 
@@ -265,3 +268,44 @@ def test_reports_resumed_times_the_first_report_after_the_head_came_back():
     assert v.status == "pass" and v.evidence["first_report_s"] == 50.0 and v.evidence["resubmitted_at_s"] == 22.0
     slow = reports_resumed(tl, lost, 30)
     assert slow.status == "fail" and slow.message.startswith("recovery too slow: reports resumed 50.0 s")
+
+
+def judged_head_loss(tmp_path, verdicts):
+    """A judged HeadLossExperiment on a recorded head loss (no cluster): GCS killed after
+    checkpoint 10, the head down 1 s later and back 10 s later, the run resubmitted."""
+    s = Script().start_attempt().steps(1, 12)
+    t = s.t + 0.5
+    s.new_run().start_attempt(dt=20.0).steps(11, 20).finish()
+    tl = s.timeline()
+    tl.emit("harness", "fault_injected", t=t, fault="gcs-kill", target="head", job_id="j1", ledger_id="h1")
+    tl.emit("fault", "fault_detected", t=t + 1.0, ledger_id="h1", by="head_down")
+    tl.emit("cluster", "head_back", t=t + 10.0, boot=2)
+    exp = object.__new__(HeadLossExperiment)
+    exp.timeline, exp.run_dir, exp.spec = tl, tmp_path, types.SimpleNamespace(name="headloss-x")
+    exp.reporter, exp.unverifiable, exp.test_id = Reporter(echo=lambda line: None), "fail", "suites/x.py::test_x"
+    exp.verdicts, exp.metrics = [], {}
+    exp.judge(verdicts)
+    return exp
+
+
+def test_a_judged_head_loss_leaves_its_timeline_picture_and_a_summary_record(tmp_path):
+    """Head-loss suites reach reports/summary.json and the report as every experiment does."""
+    passed = Verdict("head-loss outcome (gcs-kill)", "pass", "run lost with its driver")
+    exp = judged_head_loss(tmp_path, [passed])
+    assert (tmp_path / "timeline.png").stat().st_size > 0 and (tmp_path / "timeline.json").exists()
+    record = exp.record("passed")
+    assert (record["test"], record["fault_kind"], record["backend"], record["outcome"]) == \
+           ("suites/x.py::test_x", "gcs-kill", "embedded", "passed")
+    assert [v["name"] for v in record["verdicts"]] == ["head-loss outcome (gcs-kill)"]
+    assert [round(r["time_to_detect"], 3) for r in record["recoveries"]] == [1.0]
+    assert record["metrics"]["charged"]["worker_group"]["count"] == 0
+    summary.append_record(tmp_path / "summary.d", record)
+    assert summary.load_records(tmp_path / "summary.d")[0]["test"] == "suites/x.py::test_x"
+    assert "head back" in [m.label for m in plot_data(exp.timeline).markers]
+
+
+def test_twin_a_failing_head_loss_verdict_still_fails_the_test_after_its_artefacts(tmp_path):
+    failed = Verdict("head-loss outcome (gcs-kill)", "fail", "the run continued", "wrong outcome")
+    with pytest.raises(VerificationError, match="the run continued"):
+        judged_head_loss(tmp_path, [failed])
+    assert (tmp_path / "timeline.png").exists()
