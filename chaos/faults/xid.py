@@ -41,8 +41,6 @@ import threading
 import time
 import uuid
 
-import psutil
-
 from chaos import hyperpod
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
@@ -140,7 +138,8 @@ def xid_line(xid: int, pid: int | None, pci: str = "0000:3b:00", name: str = "py
 def harness_btime() -> str:
     """This machine's boot time (``btime`` of /proc/stat): shared by every namespace of its kernel
     but a time namespace, which shifts it."""
-    return str(int(psutil.boot_time()))  # psutil reads that btime line
+    with open("/proc/stat") as f:
+        return next(line.split()[1] for line in f if line.startswith("btime "))
 
 
 def harness_env(line: str) -> dict[str, str]:
