@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from chaos.errors import ClusterError
 from chaos.ledger import Ledger
 
 
@@ -27,12 +28,20 @@ def _sweep(args) -> int:
     from chaos.profile import load_profile
 
     # No profile: the embedded backend, whose hosts are this machine.
-    backend = backends.for_profile(load_profile(args.profile) if args.profile else None)
+    profile = load_profile(args.profile) if args.profile else None
+    backend = backends.for_profile(profile)
     try:
         left = sweep(Ledger(Path(args.ledger)), backend)
     finally:
         backend.close_hosts()
     print(f"sweep: {len(left)} fault(s) could not be reverted" if left else "sweep: nothing left armed")
+    if profile is not None:  # an embedded cluster's lock went with the killed session's cluster
+        from chaos.backends.lock import ClusterLock
+
+        try:
+            print(f"sweep: {ClusterLock(profile.ray.dashboard_url).release_if_orphaned()}")
+        except ClusterError as e:
+            print(f"sweep: could not check the cluster's lock: {e}")
     return 1 if left else 0
 
 

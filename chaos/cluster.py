@@ -13,8 +13,10 @@ import json
 import logging
 import threading
 import time
+import http.client
+import urllib.parse
 import urllib.request
-from typing import Callable
+from typing import Callable, Iterator
 
 from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Timeline
@@ -162,6 +164,42 @@ class ClusterView:
             if g.state != "REMOVED" and amount:
                 held.append(f"placement group {g.name or g.placement_group_id[:8]} {g.state} with {_amounts(amount)}")
         return held
+
+    # -- node log files (the recorder's events: chaos.train.eventlog) ------------------
+    def _get(self, path: str, query: dict, timeout: float):
+        from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+        url = f"{self.dashboard_url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(url, headers=get_auth_headers_if_auth_enabled({}))
+        try:
+            return urllib.request.urlopen(request, timeout=timeout)
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"could not read {url}: {e}") from e
+
+    def log_files(self, node_id: str, glob: str) -> list[str]:
+        """Files under node ``node_id``'s Ray logs directory that match ``glob``: the state
+        API's log listing over HTTP (Ray's own ``list_logs`` wants a GCS address)."""
+        with self._get("/api/v0/logs", {"node_id": node_id, "glob": glob}, timeout=30) as response:
+            try:
+                result = json.load(response)["data"]["result"] or {}
+            except (ValueError, KeyError, TypeError) as e:
+                raise ClusterError(f"unexpected log listing of node {node_id[:8]} from {self.dashboard_url}: {e}") \
+                    from e
+        return sorted({f for files in result.values() for f in files})
+
+    def follow_log(self, node_id: str, filename: str, interval_s: float = 0.1,
+                   idle_timeout_s: float = 5.0) -> Iterator[bytes]:
+        """Lines of ``filename`` (under node ``node_id``'s Ray logs directory) from its start,
+        then each line appended, as the node's agent streams them (it looks again every
+        ``interval_s``).  Ends when the stream does (the node or its agent went away) or when
+        nothing arrived for ``idle_timeout_s`` (a caller that still wants it opens it again)."""
+        query = {"node_id": node_id, "filename": filename, "lines": -1, "interval": interval_s,
+                 "media_type": "stream", "timeout": 30}
+        with self._get("/api/v0/logs/stream", query, timeout=idle_timeout_s) as response:
+            try:
+                yield from response
+            except (OSError, http.client.HTTPException):  # idle past the timeout, or the node went away
+                return
 
     def alive_workers(self) -> list[Node]:
         return [n for n in self.nodes() if n.alive and not n.is_head]

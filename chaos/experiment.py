@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from chaos import plot, summary
 from chaos.backends.base import Backend
 from chaos.cluster import ClusterView, Node, Target
@@ -31,6 +33,7 @@ from chaos.progress import CRASH_LOOP_FAILURES, Finding, StallWatch
 from chaos.report import Reporter
 from chaos.timeline import Event, Timeline, first_recovery, run_at
 from chaos.train.run import Run, RunSpec
+from chaos.transport.base import clock_offset
 from chaos.train.tape import ENV_TAPE_FILE
 from chaos.triggers import run_ended
 from chaos.verify import (Expectation, Verdict, check, did_not_end, did_not_resume, ended_before_fault, healed,
@@ -62,6 +65,15 @@ class Judging:
     unverifiable: str = "fail"
     stall_limit_s: float | None = None
     crash_loop_failures: int = CRASH_LOOP_FAILURES
+
+
+def node_clock_offset(env: "Environment", node_id: str) -> tuple[float, float]:
+    """(node ``node_id``'s clock - this machine's, round trip): none to measure for a node on
+    this machine (the embedded head), else through the node's host transport."""
+    node = env.cluster.node(node_id)
+    if node is not None and node.ip in {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}:
+        return 0.0, 0.0
+    return clock_offset(env.backend.host(node_id).transport)
 
 
 @dataclasses.dataclass
@@ -158,7 +170,8 @@ class Experiment:
             env._timelines.remove(self.timeline)
             raise
         fault_env = self.run_env()
-        run = Run(self.spec, env.cluster.dashboard_url, env.head_node_id, self.timeline, self.dir, extra_env=fault_env)
+        run = Run(self.spec, env.cluster, self.timeline, self.dir, extra_env=fault_env,
+                  clock=lambda node_id: node_clock_offset(env, node_id))
         targets: list[Target] = []
         nodes_before = env.cluster.table()
         joined: queue.SimpleQueue = queue.SimpleQueue()

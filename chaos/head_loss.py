@@ -2,9 +2,8 @@
 
 Every other experiment's harness is a Ray driver attached to the head's raylet; a head
 fault would take that connection, and with it the pytest process, down.  So a head-loss
-experiment talks to the cluster only over HTTP (the Jobs API and the dashboard, which come
-back with the head) and reads the recorder's events from the file it appends to
-(``RAY_CHAOS_EVENTS_FILE``: the Train controller runs on this machine).
+experiment talks to the cluster only over HTTP: the Jobs API and the dashboard (node
+states, the recorder's events log), which come back with the head.
 
 What Ray 2.60 does, measured here (README, "Which budget a fault costs"):
 
@@ -21,6 +20,10 @@ What Ray 2.60 does, measured here (README, "Which budget a fault costs"):
   committed checkpoint (what a RayJob's retry does).
 * Without it the restarted head has an empty GCS: the job is unknown to it and the worker
   nodes come back as new nodes — "cluster lost: no GCS fault tolerance".
+
+The recorder's events come through its events log, as every run's (chaos.train.eventlog):
+followed over the dashboard, which goes and comes back with the head; with fault tolerance
+the head keeps its session directory, so the file is found again.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from typing import Callable
 import psutil
 
 from chaos import plot, summary, verify
+from chaos.cluster import ClusterView
 from chaos.embedded.cluster import EmbeddedCluster
 from chaos.errors import WaitTimeout
 from chaos.report import Reporter
 from chaos.timeline import Event, Timeline
-from chaos.train.recorder import ENV_EVENTS_FILE
+from chaos.train.eventlog import EventLog
+from chaos.train.recorder import ENV_EVENTS_LOG
 from chaos.train.run import RunSpec, runtime_env
 from chaos.verify import Verdict
 from chaos.waits import poll_until
@@ -63,42 +68,6 @@ def head_fault(kind: str) -> Callable[[EmbeddedCluster], object]:
         return HEAD_FAULTS[kind]
     except KeyError:
         raise ValueError(f"unknown head fault {kind!r}; known: {', '.join(HEAD_FAULTS)}") from None
-
-
-class EventsFile:
-    """Follows the recorder's JSON-lines file into a timeline (a thread; ``stop()`` ends it)."""
-
-    def __init__(self, path: Path, timeline: Timeline):
-        self.path, self.timeline = path, timeline
-        self._stop = threading.Event()
-        self._offset = 0
-        self._thread = threading.Thread(target=self._run, name=f"events-{path.name}", daemon=True)
-
-    def start(self) -> "EventsFile":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.read()
-
-    def read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next read
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            if line.strip():
-                self.timeline.add(Event.from_json(json.loads(line)))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.read()
 
 
 @dataclasses.dataclass
@@ -140,18 +109,19 @@ class HeadLossExperiment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.timeline = Timeline()
         self.client = JobSubmissionClient(cluster.dashboard_url)
-        self.events_path = self.run_dir / "recorder-events.jsonl"
-        self.events_path.unlink(missing_ok=True)
+        self.view = ClusterView(cluster.dashboard_url, cluster.gcs_address)
         self.jobs: list[str] = []
-        self._events = EventsFile(self.events_path, self.timeline).start()
+        self._events: list[EventLog] = []
 
     # -- the run -------------------------------------------------------------------
     def submit(self) -> str:
         """Submit the run (again: same name and storage, so Train restores its latest checkpoint)."""
-        env = runtime_env(self.spec, {ENV_EVENTS_FILE: str(self.events_path)})
         job_id = f"chaos-{self.spec.name}-{uuid.uuid4().hex[:6]}"
+        env = runtime_env(self.spec, {ENV_EVENTS_LOG: job_id})
         self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=job_id, runtime_env=env)
         self.jobs.append(job_id)
+        # the head (and the node it ran on) may go: losing the file is an outcome here, not an error
+        self._events.append(EventLog(self.view, job_id, self.timeline, lost_after_s=None).start())
         self.timeline.emit("harness", "job_submitted", job_id=job_id, entrypoint=self.spec.entrypoint)
         self.reporter.say(f"submitted job {job_id}" + (" (a resubmission of the same run)" if len(self.jobs) > 1
                                                           else ""))
@@ -342,7 +312,8 @@ class HeadLossExperiment:
 
     def close(self) -> None:
         """Stop following the events; stop the submitted jobs that are still running."""
-        self._events.stop()
+        for events in self._events:
+            events.drain()
         for job_id in self.jobs:
             try:
                 self.client.stop_job(job_id)

@@ -1,4 +1,5 @@
-"""Suite-level fixtures: the stub CUDA driver for machines without a GPU."""
+"""Suite-level fixtures: the stub CUDA driver for machines without a GPU, and the proof that
+the harness is no Ray driver."""
 
 import pytest
 
@@ -9,3 +10,21 @@ def cuda_driver_dir(tmp_path_factory) -> str:
     from fixtures.cuda_stub import build_stub
 
     return str(build_stub(tmp_path_factory.mktemp("cuda-stub")))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_ray_driver():
+    """Every suite runs with ``ray.init`` refused in the pytest process: the harness reaches a
+    cluster over its dashboard, the Jobs API and its hosts' transports only, so that it can
+    run where no raylet of the cluster is (a CI runner), and survive the head's loss."""
+    import ray
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("ray.init() called in the harness's process: the harness must not be a Ray driver "
+                           "(suites/conftest.py)")
+
+    real, ray.init = ray.init, refused
+    try:
+        yield
+    finally:
+        ray.init = real

@@ -15,15 +15,10 @@ import abc
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
 import threading
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
 
-import ray
-
-import chaos
-from chaos.backends.lock import NAMESPACE, ClusterLock
+from chaos.backends.lock import ClusterLock
 from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ClusterError
 from chaos.profile import SafetySettings
@@ -59,28 +54,12 @@ class Host:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the platform's own labels for it
 
 
-def connect(gcs_address: str, driver_ip: str | None) -> None:
-    """Connect this process to the cluster as the harness's driver."""
-    kwargs = {"_node_ip_address": driver_ip} if driver_ip else {}
-    # ray.init makes SIGTERM sys.exit(15), which ends pytest without its teardown (the
-    # embedded cluster, test hosts and pods would be left running): keep the harness's own.
-    on_sigterm = signal.getsignal(signal.SIGTERM)
-    ray.init(address=gcs_address, namespace=NAMESPACE, runtime_env={"py_modules": [os.path.dirname(chaos.__file__)]},
-             log_to_driver=False, logging_level=logging.WARNING, **kwargs)
-    if threading.current_thread() is threading.main_thread() and on_sigterm is not None:
-        signal.signal(signal.SIGTERM, on_sigterm)
-
-
 def profile_view(profile, where: str) -> ClusterView:
-    """Connect to ``profile``'s Ray cluster as the driver and return its view (``where``
-    names the cluster in the error)."""
+    """``profile``'s Ray cluster, reached over its dashboard (no Ray driver: ``where`` names
+    the cluster in the error)."""
     ray_settings = profile.ray
     # Before anything else reaches the cluster: one it cannot judge is refused, naming both Rays.
     require_same_ray(dashboard_ray_version(ray_settings.dashboard_url), where=where)
-    try:
-        connect(ray_settings.gcs_address, ray_settings.driver_ip)
-    except Exception as e:
-        raise ClusterError(f"cannot reach the Ray cluster of {where} at {ray_settings.gcs_address}: {e}") from e
     return ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address, ray_settings.driver_ip)
 
 
@@ -240,7 +219,7 @@ class Backend(abc.ABC):
             self.profile.ensure_not_protected()
             for note in self.profile.notes():
                 reporter.say(f"profile note: {note}")
-        cluster_lock = ClusterLock()
+        cluster_lock: ClusterLock | None = None
         stop = threading.Event()
         try:
             self.cluster = self._open()
@@ -249,13 +228,15 @@ class Backend(abc.ABC):
                 raise ClusterError(f"no head node in the node table at {self.cluster.dashboard_url}")
             self.head_node_id = head.node_id
             if lock:
-                cluster_lock.acquire(head.node_id)
+                cluster_lock = ClusterLock(self.cluster.dashboard_url)
+                cluster_lock.acquire()
             self._guard(stop, on_abort)
             yield self
         finally:
             stop.set()
             self.close_hosts()
-            cluster_lock.release()
+            if cluster_lock is not None:
+                cluster_lock.release()
             self._close()
 
     def _guard(self, stop: threading.Event, on_abort: Callable[[str], None]) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from chaos.backends.base import Backend, Host, connect, ray_node_info
+from chaos.backends.base import Backend, Host, ray_node_info
 from chaos.cluster import ClusterView, Node
 from chaos.profile import SafetySettings
 from chaos.safety import NodeInfo
@@ -58,13 +58,11 @@ class EmbeddedBackend(Backend):
 
         t0 = time.monotonic()
         self.embedded = EmbeddedCluster(self.config).up()
-        connect(self.embedded.gcs_address, self.embedded.head_ip)
         self.reporter.say(f"embedded cluster up in {time.monotonic() - t0:.1f} s: {self.embedded.dashboard_url}")
         self.properties = _properties(self.embedded)
         return ClusterView(self.embedded.dashboard_url, self.embedded.gcs_address, self.embedded.head_ip)
 
     def _close(self) -> None:
-        ray.shutdown()
         if self.embedded is not None:
             self.embedded.down()
             self.embedded = None

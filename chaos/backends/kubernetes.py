@@ -98,7 +98,6 @@ class KubernetesBackend(Backend):
         return view
 
     def _close(self) -> None:
-        ray.shutdown()
         if self._kube is not None and not self._given_kube:
             self._kube.api_client.close()
             self._kube = None

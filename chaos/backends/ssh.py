@@ -57,7 +57,7 @@ class SSHBackend(Backend):
         return view
 
     def _close(self) -> None:
-        ray.shutdown()
+        """Nothing was opened: the cluster is reached over its dashboard, the hosts per use."""
 
     def node_info(self, node_id: str) -> NodeInfo | None:
         return ray_node_info(self.cluster, node_id)

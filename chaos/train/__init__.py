@@ -1,1 +1,1 @@
-"""Runs under test: submission, the recorder, the event sink, reference workloads."""
+"""Runs under test: submission, the recorder, the event log, reference workloads."""

@@ -5,8 +5,9 @@ tests/unit/test_ray_contracts.py fails loudly if the pinned Ray changes any of t
 
 It is switched on with ``RAY_TRAIN_CALLBACKS=chaos.train.recorder.Recorder`` in the
 job's runtime_env, so the user's script is not changed.  Ray builds it in the driver
-and ships it (pickled) to the Train controller, where all hooks run; so the sink handle
-and the log handler are set up lazily, in the controller.
+and ships it (pickled) to the Train controller, where all hooks run; so the events log
+(under the controller node's Ray logs directory) and the log handler are set up lazily, in
+the controller.
 
 Each hook only reads the facts it needs from Ray's objects into plain data and hands
 them to ``chaos.train.recording.Recording``, which turns them into timeline events; with
@@ -33,11 +34,13 @@ from ray.train.v2._internal.execution.callback import (
 
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS, NEWER_FAILURE_CONFIG_FIELDS
 from chaos.train.recording import Recording
-from chaos.train.sink import ENV_SINK, NAMESPACE
 from chaos.train.tape import ENV_TAPE_FILE, TapeWriter
 
 ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"  # "auto", or comma-separated metric names tried in order
-ENV_EVENTS_FILE = "RAY_CHAOS_EVENTS_FILE"  # also append every event here (JSON lines; see _deliver)
+# Append every event to logs/chaos/<this name>.jsonl under the Ray logs directory of the
+# controller's node, which the harness follows over the dashboard (chaos.train.eventlog).
+ENV_EVENTS_LOG = "RAY_CHAOS_EVENTS_LOG"
+EVENTS_LOG_DIR = "chaos"  # under the node's Ray logs directory
 ENV_STATE_METRIC = "RAY_CHAOS_STATE_METRIC"  # a per-step value a correct restore reproduces (e.g. loss)
 FAILURE_POLICY_LOGGER = "ray.train.v2._internal.execution.failure_handling.default"
 
@@ -64,22 +67,40 @@ def error_types(error: BaseException | None) -> list[str]:
     return [type(error).__name__, *sorted({type(c).__name__ for c in causes if c is not None})]
 
 
+def node_logs_dir() -> str:
+    """The Ray logs directory of the node this process runs on (no public API says it)."""
+    import ray._private.worker
+
+    return ray._private.worker.global_worker.node.get_logs_dir_path()
+
+
+def events_log_path(name: str) -> str:
+    """Where the recorder appends events for a run whose events log is called ``name``."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"{ENV_EVENTS_LOG}={name!r}: a plain file name is needed")
+    directory = os.path.join(node_logs_dir(), EVENTS_LOG_DIR)
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{name}.jsonl")
+
+
+def _append(path: str, event: dict) -> None:
+    try:
+        with open(path, "a") as out:  # one write per line: a follower never sees half of one
+            out.write(json.dumps(event, default=str) + "\n")
+    except OSError as e:
+        logging.getLogger(__name__).warning("ray-chaos recorder could not write %s: %s", path, e)
+
+
 class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     def __init__(self):
-        self._sink_name = os.environ.get(ENV_SINK)
-        self._events_file = os.environ.get(ENV_EVENTS_FILE)
+        self._events_log = os.environ.get(ENV_EVENTS_LOG)
+        self._events_log_path: str | None = None  # resolved in the controller, where the hooks run
         self._tape_file = os.environ.get(ENV_TAPE_FILE)
         self._settings = {"step_metric": os.environ.get(ENV_STEP_METRIC, "auto"),
                           "state_metric": os.environ.get(ENV_STATE_METRIC) or None}
         self._recording = Recording(self._settings["step_metric"], self._settings["state_metric"], self._deliver)
-        self._sink = None
         self._tape: TapeWriter | None = None
         self._preempted: list[int] = []  # the last preempted ranks taped (only changes are facts)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_sink"] = None
-        return state
 
     # -- plumbing ----------------------------------------------------------------
     def _take(self, hook: str, **facts) -> None:
@@ -93,24 +114,15 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
         self._recording.take(hook, t, facts)
 
     def _deliver(self, event: dict) -> None:
-        if self._events_file:
-            # The channel that outlives the head: a head-loss experiment has no Ray driver (its
-            # connection would die with the head) and the controller is on this machine's disk.
-            try:
-                with open(self._events_file, "a") as out:
-                    out.write(json.dumps(event, default=str) + "\n")
-            except OSError as e:
-                logging.getLogger(__name__).warning("ray-chaos recorder could not write %s: %s", self._events_file, e)
-        if not self._sink_name:
-            return
-        try:
-            if self._sink is None:
-                import ray
-
-                self._sink = ray.get_actor(self._sink_name, namespace=NAMESPACE)
-            self._sink.push.remote(event)
-        except Exception as e:  # never break the user's run because the harness went away
-            logging.getLogger(__name__).warning("ray-chaos recorder could not send %s: %s", event["kind"], e)
+        if self._events_log:
+            if self._events_log_path is None:
+                try:
+                    self._events_log_path = events_log_path(self._events_log)
+                except Exception as e:  # never break the user's run for the harness's sake
+                    logging.getLogger(__name__).warning("ray-chaos recorder has no events log: %s", e)
+                    self._events_log = None
+            if self._events_log_path is not None:
+                _append(self._events_log_path, event)
 
     # -- controller hooks --------------------------------------------------------
     def after_controller_start(self, train_run_context) -> None:

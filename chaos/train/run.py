@@ -16,16 +16,16 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-
-import ray
+from typing import Callable
 
 import chaos
+from chaos.cluster import ClusterView
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline
 from chaos.triggers import run_ended
 from chaos.waits import poll_until
-from chaos.train.recorder import ENV_STATE_METRIC, ENV_STEP_METRIC
-from chaos.train.sink import ENV_SINK, SinkPump, measure_clock_offset, start_sink
+from chaos.train.eventlog import EventLog
+from chaos.train.recorder import ENV_EVENTS_LOG, ENV_STATE_METRIC, ENV_STEP_METRIC
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +96,21 @@ def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
 
 
 class Run:
-    def __init__(self, spec: RunSpec, dashboard_url: str, head_node_id: str, timeline: Timeline, log_dir: Path,
-                 extra_env: dict[str, str] | None = None):
+    """``clock(node_id)``: (that node's clock - this machine's, round trip), measured before
+    its events are taken (the recorder stamps them on the controller's node)."""
+
+    def __init__(self, spec: RunSpec, cluster: ClusterView, timeline: Timeline, log_dir: Path,
+                 extra_env: dict[str, str] | None = None,
+                 clock: Callable[[str], tuple[float, float]] | None = None):
         self.spec = spec
-        self.dashboard_url = dashboard_url
-        self.head_node_id = head_node_id
+        self.cluster = cluster
+        self.dashboard_url = cluster.dashboard_url
+        self.clock = clock
         self.timeline = timeline
         self.job_id = f"chaos-{spec.name}-{uuid.uuid4().hex[:6]}"
         self.log_path = Path(log_dir) / f"{self.job_id}.log"
         self.extra_env = dict(extra_env or {})
-        self._sink = None
-        self._pump: SinkPump | None = None
+        self._events: EventLog | None = None
         self._tail: threading.Thread | None = None
         self._client = None
         self._log_lock = threading.Lock()
@@ -122,20 +126,14 @@ class Run:
         return self._client
 
     def runtime_env(self) -> dict:
-        return runtime_env(self.spec, {ENV_SINK: f"sink-{self.job_id}", **self.extra_env})
+        return runtime_env(self.spec, {ENV_EVENTS_LOG: self.job_id, **self.extra_env})
 
     def submit(self) -> "Run":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The sink's process starts while the job's do (a second or two off every run's start):
-        # a named actor is registered when .remote() returns, so the recorder finds it, and
-        # its pushes wait in the actor's queue until it is up.
-        self._sink = start_sink(f"sink-{self.job_id}", self.head_node_id)
         self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=self.job_id,
                                runtime_env=self.runtime_env())
         self.timeline.emit("harness", "job_submitted", job_id=self.job_id, entrypoint=self.spec.entrypoint)
-        ray.get(self._sink.poll.remote(0, 0.0), timeout=60)
-        self.timeline.set_clock_offset(*measure_clock_offset(self._sink))
-        self._pump = SinkPump(self._sink, self.timeline).start()
+        self._events = EventLog(self.cluster, self.job_id, self.timeline, on_found=self._measure_clock).start()
         self._tail = threading.Thread(target=self._follow_logs, name=f"logs-{self.job_id}", daemon=True)
         self._tail.start()
         return self
@@ -225,8 +223,8 @@ class Run:
                                         f"job {self.job_id} to end after its Train run finished", interval=0.2))
         job = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
                                      f"job {self.job_id} to finish")
-        if self._pump is not None:
-            self._pump.drain()
+        if self._events is not None:
+            self._events.drain()
         return job
 
     def _fetch_whole_log(self) -> bool:
@@ -248,12 +246,16 @@ class Run:
         except OSError:
             return "(no log yet)"
 
+    def _measure_clock(self, node_id: str) -> None:
+        if self.clock is not None:
+            self.timeline.set_clock_offset(*self.clock(node_id))
+
     def failure_policy_lines(self) -> list[str]:
         return [e.data["line"] for e in self.timeline.of("failure_decision") if e.data.get("line")]
 
     # -- cleanup -----------------------------------------------------------------
     def stop(self) -> None:
-        """Stop the job if it still runs, collect the last events, remove the sink."""
+        """Stop the job if it still runs and collect the last events."""
         ended = False
         try:
             status = self.client.get_job_status(self.job_id)
@@ -264,10 +266,5 @@ class Run:
             log.warning("could not stop job %s: %s", self.job_id, e)
         if not (ended and self._fetch_whole_log()) and self._tail is not None:
             self._tail.join(timeout=30)
-        if self._pump is not None:
-            self._pump.drain()
-        if self._sink is not None:
-            try:
-                ray.kill(self._sink)
-            except Exception as e:
-                log.warning("could not remove the event sink of %s: %s", self.job_id, e)
+        if self._events is not None:
+            self._events.drain()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import time
 from typing import Protocol, Sequence
 
 
@@ -49,3 +50,18 @@ class Transport(Protocol):
 
 def as_shell(command: str | Sequence[str]) -> str:
     return command if isinstance(command, str) else shlex.join(command)
+
+
+def clock_offset(transport: Transport, probes: int = 5) -> tuple[float, float]:
+    """(the host's clock - this machine's, round trip) from the probe with the shortest round
+    trip: events stamped on a node (the recorder's) and here (a fault's) need one clock."""
+    best: tuple[float, float] | None = None
+    for _ in range(probes):
+        t0 = time.time()
+        there = float(transport.run("date +%s.%N", timeout=10).check().stdout.strip())
+        t1 = time.time()
+        if best is None or t1 - t0 < best[1]:
+            best = (there - (t0 + t1) / 2, t1 - t0)
+    if best is None:
+        raise ValueError(f"probes must be at least 1, got {probes}")
+    return best

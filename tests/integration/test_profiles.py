@@ -57,24 +57,28 @@ def test_protected_profile_is_refused(standin, tmp_path):
 
 
 def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
+    """The lock (a job with a fixed id through the Jobs API) refuses a second session naming its
+    holder; once the holder is killed, ``ray-chaos sweep`` on its machine releases it."""
     _, profile = standin
     holder = subprocess.Popen(
         [sys.executable, "-c", (
-            "import sys, ray; from chaos.backends.base import connect; from chaos.backends.lock import ClusterLock\n"
-            "from chaos.profile import load_profile\n"
-            f"p = load_profile({str(profile)!r}); connect(p.ray.gcs_address, p.ray.driver_ip)\n"
-            "head = next(n['NodeID'] for n in ray.nodes() if n['Alive'] and 'node:__internal_head__' in n['Resources'])\n"
-            "lock = ClusterLock(); lock.acquire(head); print('LOCKED', flush=True); sys.stdin.read()")],
+            "import sys; from chaos.backends.lock import ClusterLock; from chaos.profile import load_profile\n"
+            f"ClusterLock(load_profile({str(profile)!r}).ray.dashboard_url).acquire()\n"
+            "print('LOCKED', flush=True); sys.stdin.read()")],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "LOCKED"
         p = subprocess.run(chaos_cmd(profile, tmp_path, "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert p.returncode != 0
-        assert "another ray-chaos session holds this cluster's lock" in p.stdout + p.stderr
+        assert f"another ray-chaos session holds this cluster's lock: pid {holder.pid} on " in p.stdout + p.stderr
     finally:
-        holder.kill()  # the lock dies with its holder
+        holder.kill()  # a killed session cannot release its lock
         holder.wait(timeout=30)
+    swept = subprocess.run([sys.executable, "-m", "chaos.cli", "sweep", "--profile", str(profile), "--ledger",
+                            str(tmp_path / "ledger.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert f"sweep: released the cluster lock of a session that is gone (pid {holder.pid} on " in swept.stdout, \
+        swept.stdout + swept.stderr
 
 
 def _wait_injected(ledger_path, kind, timeout=400):
@@ -108,6 +112,7 @@ def test_sigkilled_session_is_cleaned_up_by_sweep(standin, tmp_path):
                            timeout=120)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert "sweep: nothing left armed" in sweep.stdout
+    assert f"sweep: released the cluster lock of a session that is gone (pid {p.pid} on " in sweep.stdout
     assert _control_len(control) == 0, "sweep did not disarm the CUDA shim"
     assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted"
     assert not Ledger(tmp_path / "ledger.jsonl").open_entries()

@@ -1,5 +1,5 @@
-"""Head loss without a cluster: the resubmission verdict, the outcome verdict, the recorder's
-file channel, head fault names — and the real Redis the GCS fault tolerance runs on."""
+"""Head loss without a cluster: the resubmission verdict, the outcome verdict, head fault
+names, its reports — and the real Redis the GCS fault tolerance runs on."""
 
 import dataclasses
 import json
@@ -15,7 +15,7 @@ import pytest
 from chaos import summary
 from chaos.embedded.redis import RedisServer, ping, redis_binary
 from chaos.errors import ClusterError, VerificationError
-from chaos.head_loss import OUTCOMES, EventsFile, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
+from chaos.head_loss import OUTCOMES, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
 from chaos.plot import plot_data
 from chaos.report import Reporter
 from chaos.timeline import Timeline
@@ -107,20 +107,6 @@ def test_a_head_reboot_must_show_a_new_boot_id_when_the_head_is_a_test_host():
 def test_unknown_head_fault_names_the_known_ones():
     with pytest.raises(ValueError, match="known: gcs-kill, head-reboot, redis-restart"):
         head_fault("head-explode")
-
-
-def test_events_file_reads_whole_lines_only(tmp_path):
-    path, tl = tmp_path / "events.jsonl", Timeline()
-    follower = EventsFile(path, tl)
-    follower.read()  # not there yet: nothing, no error
-    event = {"t": 1.0, "source": "recorder", "kind": "report", "data": {"step": 1}}
-    path.write_text(json.dumps(event) + "\n" + json.dumps(event)[:10])
-    follower.read()
-    assert [e.data["step"] for e in tl.of("report")] == [1]
-    with open(path, "a") as f:
-        f.write(json.dumps(event)[10:] + "\n")
-    follower.read()
-    assert len(tl.of("report")) == 2
 
 
 # -- the real Redis ------------------------------------------------------------------

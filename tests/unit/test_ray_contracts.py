@@ -236,3 +236,28 @@ def test_the_dashboards_node_summary_carries_each_nodes_gcs_record_under_raylet(
     info = inspect.getsource(datacenter.DataOrganizer.get_node_info)
     assert 'node_info["raylet"].update(node)' in info, info
     assert params(get_auth_headers_if_auth_enabled) == ["user_headers"]
+
+
+def test_the_recorder_finds_its_nodes_logs_directory():
+    """chaos/train/recorder.py's events log: a worker's node says where its logs are."""
+    from ray._private import node, worker
+
+    assert "worker.node = node" in inspect.getsource(worker.connect)
+    assert isinstance(worker.global_worker, worker.Worker)
+    assert params(node.Node.get_logs_dir_path) == []
+
+
+def test_the_dashboard_lists_and_streams_a_nodes_log_files_as_chaos_cluster_asks():
+    """chaos/cluster.py's log_files and follow_log (the recorder's event channel): the listing
+    takes node_id and glob and answers {category: [file, ...]}; the stream follows the file
+    (keep_alive) every ``interval`` s from its start (``lines=-1``)."""
+    from ray.dashboard.modules.log import log_agent
+    from ray.dashboard.modules.state import state_head
+    from ray.util.state.common import GetLogOptions
+
+    listing = inspect.getsource(state_head.StateHead.list_logs)
+    assert 'req.query.get("glob"' in listing and 'req.query.get("node_id"' in listing, listing
+    assert "/api/v0/logs/{media_type}" in inspect.getsource(state_head)
+    fields = {f.name for f in dataclasses.fields(GetLogOptions)}
+    assert {"node_id", "filename", "lines", "interval", "media_type", "timeout"} <= fields, fields
+    assert "keep_alive_interval_sec" in params(log_agent._stream_log_in_chunk)
