@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaos.faults import catalog
-from chaos.faults.registry import fault_class
 from chaos.triggers import PHASES, AfterRecovery, AtStep, CheckpointPhase
 
 VERSION = 1
@@ -47,68 +46,33 @@ class ScheduleError(ValueError):
 
 
 # -- what each kind needs in a campaign ---------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _Kind:
-    """How a campaign draws, checks and builds one fault kind."""
-
-    params: dict[str, tuple]  # parameter -> the values a draw picks from (a replay may use only these)
-    build: Callable[[Any, int, dict], Any]  # (chaos fixture, rank, params) -> Fault
-    window_s: Callable[[dict], float] = lambda params: 0.0  # notice before the node goes
-
-    def lag_s(self, params: dict) -> float:
-        return DETECT_ALLOWANCE_S + self.window_s(params)
+def drawn() -> list[str]:
+    """The catalog's kinds a campaign draws (each kind's ``draw``; the rest say why not)."""
+    return [name for name, k in catalog.KINDS.items() if k.draw is not None]
 
 
-def _fault(kind: str, **fixed):
-    """Build through the catalog's own class (kinds the fixture has no factory for)."""
-    def build(chaos, rank, params):
-        return fault_class(kind)(rank=rank, **fixed, **params)
-    return build
+def draw_of(kind: str) -> catalog.Draw:
+    return catalog.kind(kind).draw
 
 
-CAMPAIGN_KINDS: dict[str, _Kind] = {
-    "raylet-kill": _Kind({}, lambda chaos, rank, p: chaos.raylet_kill(rank=rank)),
-    "worker-kill": _Kind({}, _fault("worker-kill")),
-    "node-reboot": _Kind({}, _fault("node-reboot")),
-    "partition": _Kind({}, _fault("partition")),
-    # Ray's own drain request: a node killed while draining is charged to the preemption
-    # budget (deterministic); via="sigterm" is not drawn (its charge races: README).
-    "preempt": _Kind({"deadline_s": (5.0, 8.0)}, _fault("preempt", via="drain"),
-                     window_s=lambda p: float(p["deadline_s"])),
-    "pod-delete": _Kind({}, lambda chaos, rank, p: chaos.pod_delete(rank=rank)),
-    "hyperpod-reboot": _Kind({"via": ("label", "boto3")},
-                             lambda chaos, rank, p: chaos.hyperpod_reboot(rank=rank, via=p["via"])),
-    "node-replace": _Kind({"via": ("label", "boto3")},
-                          lambda chaos, rank, p: chaos.hyperpod_replace(rank=rank, via=p["via"])),
-}
-#: catalog kinds a campaign does not draw, and why
-NOT_DRAWN: dict[str, str] = {
-    "cuda": "each CUDA fault arms the run's environment with its own control file when the run is "
-            "submitted, and needs the stub-CUDA workload: one per run (suites/test_cuda_faults.py)",
-    "pod-delete-graceful": "its drain window is the pod's grace period, which the schedule cannot know, and "
-                           "Ray 2.60 charges a node killed inside it to max_failures (README)",
-    "pod-evict": "as pod-delete-graceful: a drain window of unknown length, charged to max_failures on Ray 2.60",
-    "drain": "as pod-delete-graceful: a drain window of unknown length, charged to max_failures on Ray 2.60",
-    "xid": "as cuda: its dead-GPU plan needs the shim in the run's environment from submission, and its charge "
-           "depends on when the node agent acts (README)",
-}
+def lag_s(kind: str, params: dict) -> float:
+    """How long a fault of ``kind`` may leave the run training: detection, plus its notice."""
+    return DETECT_ALLOWANCE_S + draw_of(kind).notice_s(params)
 
 
 def check_kinds(kinds) -> list[str]:
     """The allowed kinds, sorted (a draw does not depend on their order); unknown ones and
-    ones a campaign cannot draw are refused by name."""
+    ones a campaign cannot draw are refused by name, with the catalog's reason."""
     kinds = list(kinds)
     if not kinds:
-        raise ScheduleError(f"no fault kinds allowed; a campaign draws from: {', '.join(CAMPAIGN_KINDS)}")
+        raise ScheduleError(f"no fault kinds allowed; a campaign draws from: {', '.join(drawn())}")
     for name in kinds:
         if name not in catalog.KINDS:
             raise ScheduleError(f"unknown fault kind {name!r}; known kinds: {', '.join(catalog.KINDS)}")
-        if name in NOT_DRAWN:
-            raise ScheduleError(f"fault kind {name!r} is not drawn into campaigns: {NOT_DRAWN[name]}; "
-                                f"a campaign draws from: {', '.join(CAMPAIGN_KINDS)}")
-        if name not in CAMPAIGN_KINDS:
-            raise ScheduleError(f"fault kind {name!r} has no implementation to inject it yet; "
-                                f"a campaign draws from: {', '.join(CAMPAIGN_KINDS)}")
+        why = catalog.kind(name).not_drawn
+        if why is not None:
+            raise ScheduleError(f"fault kind {name!r} is not drawn into campaigns: {catalog.NOT_DRAWN[why]}; "
+                                f"a campaign draws from: {', '.join(drawn())}")
     return sorted(set(kinds))
 
 
@@ -155,7 +119,7 @@ class Entry:
 
     def reach(self, previous_reach: int, w: Workload) -> int:
         """The highest step the run can have reported when this fault is detected."""
-        return self.fires(previous_reach, w)[1] + w.steps_in(CAMPAIGN_KINDS[self.kind].lag_s(self.params))
+        return self.fires(previous_reach, w)[1] + w.steps_in(lag_s(self.kind, self.params))
 
     def gap(self, previous_reach: int, w: Workload) -> dict:
         low = self.fires(previous_reach, w)[0]
@@ -225,9 +189,10 @@ class Schedule:
         return [e.make_trigger() for e in self.entries]
 
     def to_faults(self, chaos) -> list[tuple]:
-        """[(trigger, fault)] for ``chaos.run``, faults built through the fixture's factories
-        where it has one (its backend's rules: method options, skips without Kubernetes)."""
-        return [(e.make_trigger(), CAMPAIGN_KINDS[e.kind].build(chaos, e.rank, dict(e.params))) for e in self.entries]
+        """[(trigger, fault)] for ``chaos.run``, faults built through the fixture's factory (the
+        session's options and profile; a kind the backend cannot inject skips the test)."""
+        return [(e.make_trigger(), chaos.fault(e.kind, rank=e.rank, **draw_of(e.kind).fixed, **e.params))
+                for e in self.entries]
 
     def describe(self) -> str:
         w = self.workload
@@ -253,8 +218,7 @@ def draw(seed: int, kinds, *, faults: int, ranks: int, steps: int, checkpoint_ev
     min_gap = checkpoint_every if min_gap_steps is None else min_gap_steps
     if faults < 1 or min_gap < 1:
         raise ScheduleError(f"draw: faults ({faults}) and min_gap_steps ({min_gap}) must be >= 1")
-    worst = max(w.steps_in(CAMPAIGN_KINDS[k].lag_s({p: max(vs) for p, vs in CAMPAIGN_KINDS[k].params.items()}))
-                for k in kinds)
+    worst = max(w.steps_in(lag_s(k, {p: max(vs) for p, vs in draw_of(k).params.items()})) for k in kinds)
     slot = steps // faults
     if slot < 2 * (worst + min_gap):
         raise ScheduleError(
@@ -266,10 +230,9 @@ def draw(seed: int, kinds, *, faults: int, ranks: int, steps: int, checkpoint_ev
     reach = 0
     for i in range(faults):
         kind = rng.choice(kinds)
-        spec = CAMPAIGN_KINDS[kind]
-        params = {p: rng.choice(values) for p, values in sorted(spec.params.items())}
+        params = {p: rng.choice(values) for p, values in sorted(draw_of(kind).params.items())}
         rank = rng.randrange(ranks)
-        lag = w.steps_in(spec.lag_s(params))
+        lag = w.steps_in(lag_s(kind, params))
         lo = max(i * slot + 1, reach + min_gap)
         hi = (i + 1) * slot if i < faults - 1 else min((i + 1) * slot, steps - lag - min_gap)
         options = _trigger_options(lo, hi, reach, min_gap, w)
@@ -322,7 +285,7 @@ def _check_entries(s: Schedule, where: str) -> None:
             raise ScheduleError(f"{at}: kind {e.kind!r} is not among the schedule's kinds {s.kinds}")
         if not 0 <= e.rank < w.num_workers:
             raise ScheduleError(f"{at}: rank {e.rank} does not exist in a run of {w.num_workers} ranks")
-        allowed = CAMPAIGN_KINDS[e.kind].params
+        allowed = draw_of(e.kind).params
         if set(e.params) != set(allowed):
             raise ScheduleError(f"{at}: params {sorted(e.params)} should be exactly {sorted(allowed)}")
         for p, v in e.params.items():

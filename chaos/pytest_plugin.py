@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import signal
 import sys
@@ -465,8 +466,28 @@ class Chaos:
         params.setdefault("seed", self._opt("chaos_seed"))
         return reference_spec(name, self.env.backend.storage_path, **params)
 
-    def raylet_kill(self, rank: int = 1) -> RayletKill:
-        return RayletKill(rank=rank, method=self._opt("chaos_raylet_kill"))
+    def fault(self, kind: str, **params):
+        """A fault of catalog kind ``kind`` with ``params`` (``rank=``, ...), built by its class's
+        factory (``Fault.build``: defaults from the profile and the command line).  A kind that
+        needs a capability this session's backend lacks (the Kubernetes API, control of the
+        head) skips the test saying so.  ``chaos.raylet_kill(rank=1)`` is
+        ``chaos.fault("raylet-kill", rank=1)``: every kind is an attribute, ``-`` spelt ``_``."""
+        from chaos.faults.base import FaultSettings
+        from chaos.faults.registry import fault_class
+
+        entry = catalog.kind(kind)
+        backend = self.env.backend
+        if entry.needs is not None and getattr(backend, entry.needs) is None:
+            pytest.skip(f"{kind} needs {catalog.CAPABILITIES[entry.needs]}: this session's backend is {backend.label}")
+        return fault_class(kind).build(FaultSettings(profile=backend.profile, raylet_kill=self._opt("chaos_raylet_kill")),
+                                       **params)
+
+    def __getattr__(self, name: str):
+        kind = name.replace("_", "-")
+        if name.startswith("_") or kind not in catalog.KINDS:
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r} (fault kinds: "
+                                 f"{', '.join(k.replace('-', '_') for k in catalog.KINDS)})")
+        return functools.partial(self.fault, kind)
 
     def correlated(self, fault, ranks, start_timeout_s: float = 30.0):
         """``fault`` (anything called with ``rank=``: ``chaos.raylet_kill``, ``NodeReboot``) on
@@ -475,58 +496,6 @@ class Chaos:
         from chaos.faults.correlated import Correlated
 
         return Correlated.on_ranks(fault, ranks, start_timeout_s=start_timeout_s)
-
-    # Kubernetes and HyperPod faults (chaos.faults.kube): a session whose backend has no
-    # Kubernetes API skips the test saying so.
-    def pod_delete(self, rank: int = 1):
-        """The rank's Ray pod deleted with grace 0 (a failure: max_failures)."""
-        return self._kube_fault("PodDelete", rank=rank)
-
-    def pod_delete_graceful(self, rank: int = 1, grace_s: int | None = None):
-        """Deleted with the pod's own grace or ``grace_s`` (Ray drains it as a preemption)."""
-        return self._kube_fault("GracefulPodDelete", rank=rank, grace_s=grace_s)
-
-    def pod_evict(self, rank: int = 1, grace_s: int | None = None, retry_s: float | None = None):
-        """Evicted through policy/v1; a disruption budget's 429 retried for ``retry_s`` if given."""
-        return self._kube_fault("PodEvict", rank=rank, grace_s=grace_s, retry_s=retry_s)
-
-    def node_drain(self, rank: int = 1, timeout_s: float = 60.0):
-        """``kubectl drain`` of the rank's Kubernetes node (cordon + evict), uncordoned on revert."""
-        return self._kube_fault("NodeDrain", rank=rank, timeout_s=timeout_s)
-
-    def hyperpod_reboot(self, rank: int = 1, via: str = "label", recover_timeout_s: float = 600.0):
-        """HyperPod reboot of the rank's node, by node-health label or boto3."""
-        return self._kube_fault("HyperPodReboot", rank=rank, via=via, recover_timeout_s=recover_timeout_s)
-
-    def hyperpod_replace(self, rank: int = 1, via: str = "label", recover_timeout_s: float = 600.0):
-        """HyperPod replacement of the rank's node, by node-health label or boto3."""
-        return self._kube_fault("HyperPodReplace", rank=rank, via=via, recover_timeout_s=recover_timeout_s)
-
-    def xid(self, xid: int = 79, rank: int = 1, driver_dir: str | None = None, agent_slo_s: float | None = None,
-            recover_timeout_s: float | None = None):
-        """Xid ``xid`` on the rank's node: every driver call there fails until the node reboots, and
-        the Xid line goes to its kernel log for the node agent.  The agent SLO and the node's
-        recovery time are the kind's SLOs (profile, else catalog) unless given."""
-        from chaos.faults.xid import AgentSignals, Xid
-
-        profile = self.env.backend.profile
-        detect, recover = profile.slo_for("xid") if profile is not None else (
-            catalog.kind("xid").slo_detect_s, catalog.kind("xid").slo_recover_s)
-        kube = profile.kubernetes if profile is not None else None
-        return Xid(xid=xid, rank=rank, driver_dir=driver_dir,
-                   agent_slo_s=agent_slo_s if agent_slo_s is not None else detect,
-                   recover_timeout_s=recover_timeout_s if recover_timeout_s is not None else recover,
-                   signals=AgentSignals.from_settings(kube.node_agent if kube else None),
-                   allow_replacement=bool(profile and profile.safety.allow_node_replacement),
-                   node_shell_image=kube.node_shell_image if kube else "busybox:1.36")
-
-    def _kube_fault(self, name: str, **kwargs):
-        from chaos.faults import kube
-
-        cls = getattr(kube, name)
-        if self.env.backend.kube is None:
-            pytest.skip(f"{cls.kind} needs the Kubernetes API: this session's backend is {self.env.backend.label}")
-        return cls(**kwargs)
 
     def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,

@@ -49,7 +49,7 @@ def test_hard_pod_delete_hyperpod_reboot_and_replace(chaos):
     outcome = chaos.run(chaos.workload(num_workers=2, max_failures=3, steps=40, checkpoint_every=5),
                         faults=[(AfterCheckpoint(2), chaos.pod_delete(rank=1)),
                                 (AfterCheckpoint(4), chaos.hyperpod_reboot(rank=1, recover_timeout_s=120)),
-                                (AfterCheckpoint(6), chaos.hyperpod_replace(rank=1, recover_timeout_s=120))])
+                                (AfterCheckpoint(6), chaos.node_replace(rank=1, recover_timeout_s=120))])
     attach_evidence(outcome)
     outcome.assert_verdicts()
     assert [i.fault.kind for i in outcome.injections] == ["pod-delete", "hyperpod-reboot", "node-replace"], \
@@ -74,7 +74,7 @@ def test_graceful_delete_eviction_and_drain_killed_inside_the_drain_window(chaos
         chaos.workload(num_workers=2, max_failures=3, max_preemption_failures=3, steps=110, checkpoint_every=5),
         faults=[(AfterCheckpoint(2), chaos.pod_delete_graceful(rank=1)),
                 (AtStep(45, fresh=True), chaos.pod_evict(rank=1)),
-                (AtStep(80, fresh=True), chaos.node_drain(rank=1))])
+                (AtStep(80, fresh=True), chaos.drain(rank=1))])
     attach_evidence(outcome)
     assert [i.fault.kind for i in outcome.injections] == ["pod-delete-graceful", "pod-evict", "drain"], \
         [i.fault.kind for i in outcome.injections]

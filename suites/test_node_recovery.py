@@ -42,7 +42,7 @@ def run_xid(chaos, cuda_driver_dir, xid, **expect):
     workers = len(chaos.env.cluster.alive_workers())
     return chaos.run(chaos.workload(num_workers=workers, max_failures=4, steps=20, checkpoint_every=5,
                                     device="stub-cuda"),
-                     faults=[(AfterCheckpoint(2), chaos.xid(xid, rank=1, driver_dir=cuda_driver_dir))],
+                     faults=[(AfterCheckpoint(2), chaos.xid(xid=xid, rank=1, driver_dir=cuda_driver_dir))],
                      expect=chaos.expect(**expect))
 
 
@@ -99,7 +99,7 @@ def test_a_dead_gpu_nobody_recovers_never_passes(chaos, cuda_driver_dir):
         workers = len(chaos.env.cluster.alive_workers())
         outcome = chaos.run(chaos.workload(num_workers=workers, max_failures=1, steps=20, checkpoint_every=5,
                                            device="stub-cuda"),
-                            faults=[(AfterCheckpoint(2), chaos.xid(79, rank=1, driver_dir=cuda_driver_dir,
+                            faults=[(AfterCheckpoint(2), chaos.xid(xid=79, rank=1, driver_dir=cuda_driver_dir,
                                                                    agent_slo_s=15))])
     finally:
         cluster.agent.set_health_monitoring(True)

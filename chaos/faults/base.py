@@ -20,6 +20,16 @@ from chaos.timeline import Event, Timeline
 if TYPE_CHECKING:
     from chaos.backends.base import Backend, Host
     from chaos.cluster import ClusterView
+    from chaos.profile import Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultSettings:
+    """What a session says about every fault it builds (``Fault.build``): the profile of the
+    cluster under test (None: the embedded one) and the command line's choices."""
+
+    profile: "Profile | None" = None
+    raylet_kill: str = "grpc"  # --chaos-raylet-kill
 
 
 @dataclasses.dataclass
@@ -57,6 +67,13 @@ class Fault(abc.ABC):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.budget_class = catalog.kind(cls.kind).budget_class
+
+    @classmethod
+    def build(cls, settings: FaultSettings, **params) -> "Fault":
+        """The kind's factory: a fault with ``params``, the rest from the session's
+        ``settings`` (a kind whose defaults come from the profile or the command line says so
+        here)."""
+        return cls(**params)
 
     @abc.abstractmethod
     def resolve(self, ctx: FaultContext) -> Target: ...

@@ -24,10 +24,44 @@ NEWER_FAILURE_CONFIG_FIELDS: dict[str, Any] = {"relax_collectives_on_preemption"
 DEFAULT_SLO_DETECT_S = 30.0
 DEFAULT_SLO_RECOVER_S = 120.0
 
+# The optional capabilities a backend declares (chaos.backends.base.Backend), which a kind may
+# need: a session whose backend lacks it skips the kind's tests, saying which and why.
+CAPABILITIES: dict[str, str] = {
+    "kube": "the Kubernetes API of the cluster's platform",
+    "head": "control of the cluster's head: its GCS, its machine and its Redis (the harness's own cluster)",
+}
+
+# Why a kind is never drawn into a seeded campaign (chaos.campaign): a closed list, so that a
+# new kind states one of these or its draw.
+NOT_DRAWN: dict[str, str] = {
+    "arms-the-run": "it arms the run's environment when the run is submitted (the shim's control file, the stub "
+                    "CUDA driver) and needs the stub-CUDA workload: one such fault per run",
+    "unknown-window": "its drain window is the pod's grace period, which a schedule cannot know, and Ray 2.60 "
+                      "charges a node killed inside it to max_failures (README)",
+    "loses-the-run": "it takes the run's driver or the whole cluster with it: a campaign follows one run to its end",
+    "planned": "nothing injects it yet",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """How a campaign draws a kind: the values each parameter is drawn from (a replayed
+    schedule may use only these), what it always passes, and which drawn parameter is the
+    notice (seconds) the run gets before the node goes."""
+
+    params: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    fixed: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notice_param: str | None = None
+
+    def notice_s(self, params: dict) -> float:
+        return float(params[self.notice_param]) if self.notice_param else 0.0
+
 
 @dataclasses.dataclass(frozen=True)
 class FaultKind:
-    """What every fault of one kind should cost and how fast recovery should be."""
+    """What every fault of one kind should cost, how fast recovery should be, what it needs
+    and how a campaign draws it.  The Fault class that injects it declares ``kind = name``
+    (chaos.faults.registry finds it; ``Fault.build`` is its factory)."""
 
     name: str
     budget_class: str | None  # None: no charge expected (the platform's own recovery)
@@ -37,15 +71,29 @@ class FaultKind:
     # it only for a charge attributed to a fault of this kind, and says so.
     race_charge: str | None = None
     race_why: str = ""
+    needs: str | None = None  # a key of CAPABILITIES the session's backend must have
+    draw: Draw | None = None  # how a campaign draws it; None: never, for the reason below
+    not_drawn: str | None = None  # a key of NOT_DRAWN
+
+    def __post_init__(self):
+        if self.needs is not None and self.needs not in CAPABILITIES:
+            raise ValueError(f"fault kind {self.name}: needs {self.needs!r}, not a capability ({', '.join(CAPABILITIES)})")
+        if (self.draw is None) == (self.not_drawn is None):
+            raise ValueError(f"fault kind {self.name}: give exactly one of draw= and not_drawn=")
+        if self.not_drawn is not None and self.not_drawn not in NOT_DRAWN:
+            raise ValueError(f"fault kind {self.name}: not_drawn {self.not_drawn!r} is none of {', '.join(NOT_DRAWN)}")
 
 
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("raylet-kill", "worker_group"),
-    FaultKind("worker-kill", "worker_group"),
-    FaultKind("node-reboot", "worker_group"),
-    FaultKind("partition", "worker_group"),
-    FaultKind("cuda", "worker_group"),
-    FaultKind("preempt", "preemption"),
+    FaultKind("raylet-kill", "worker_group", draw=Draw()),
+    FaultKind("worker-kill", "worker_group", draw=Draw()),
+    FaultKind("node-reboot", "worker_group", draw=Draw()),
+    FaultKind("partition", "worker_group", draw=Draw()),
+    FaultKind("cuda", "worker_group", not_drawn="arms-the-run"),
+    # Ray's own drain request: a node killed while draining is charged to the preemption budget
+    # (deterministic); via="sigterm" is not drawn (its charge races: README).
+    FaultKind("preempt", "preemption",
+              draw=Draw({"deadline_s": (5.0, 8.0)}, fixed={"via": "drain"}, notice_param="deadline_s")),
     # Kubernetes (chaos/faults/kube.py): a hard pod delete is a failure (rarely a preemption, by
     # the race below); a graceful one, an eviction or a drain SIGTERMs `ray start --block`,
     # which drains the node as PREEMPTION (what Ray 2.60 really charges: README, "Which budget
@@ -53,17 +101,18 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("pod-delete", "worker_group", race_charge="preemption", race_why=(
         "the kubelet SIGTERMs a force-deleted pod 2 s (its minimum grace) before the SIGKILL, `ray start "
         "--block` drains its node as PREEMPTION on that SIGTERM, and a worker whose death the raylet reports "
-        "while draining is called preempted (Ray >= 2.57; rare here: seen in one CI run)")),
-    FaultKind("pod-delete-graceful", "preemption"),
-    FaultKind("pod-evict", "preemption"),
-    FaultKind("drain", "preemption"),
+        "while draining is called preempted (Ray >= 2.57; rare here: seen in one CI run)"),
+              needs="kube", draw=Draw()),
+    FaultKind("pod-delete-graceful", "preemption", needs="kube", not_drawn="unknown-window"),
+    FaultKind("pod-evict", "preemption", needs="kube", not_drawn="unknown-window"),
+    FaultKind("drain", "preemption", needs="kube", not_drawn="unknown-window"),
     # SageMaker HyperPod node recovery: every pod on the node is force-deleted.
-    FaultKind("hyperpod-reboot", "worker_group"),
-    FaultKind("node-replace", "worker_group"),
+    FaultKind("hyperpod-reboot", "worker_group", needs="kube", draw=Draw({"via": ("label", "boto3")})),
+    FaultKind("node-replace", "worker_group", needs="kube", draw=Draw({"via": ("label", "boto3")})),
     # A GPU failure the node's health agent must see (Xid in the kernel log + every driver call
     # failing until the node reboots): detection is the agent's, recovery a node reboot or
     # replacement, the charge whatever Ray makes of both (timing-dependent: README).
-    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0),
+    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, not_drawn="arms-the-run"),
 )}
 
 

@@ -6,7 +6,7 @@ import shlex
 
 from chaos.cluster import Target
 from chaos.errors import InjectionError
-from chaos.faults.base import Fault, FaultContext, Injection, placement_target
+from chaos.faults.base import Fault, FaultContext, FaultSettings, Injection, placement_target
 from chaos.transport import ray as ray_transport
 
 # Finds the raylet by its exact node id (never by name) and SIGKILLs that one PID.
@@ -29,6 +29,11 @@ class RayletKill(Fault):
             raise ValueError(f"raylet-kill method {method!r} unknown; expected one of {self.METHODS}")
         self.rank = rank
         self.method = method
+
+    @classmethod
+    def build(cls, settings: FaultSettings, **params) -> "RayletKill":
+        """The session's --chaos-raylet-kill unless ``method`` is given."""
+        return cls(**{"method": settings.raylet_kill, **params})
 
     def describe(self) -> str:
         how = "ShutdownRaylet(graceful=False)" if self.method == "grpc" else "SIGKILL of the raylet PID"

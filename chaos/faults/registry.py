@@ -37,8 +37,9 @@ def implementations() -> dict[str, type[Fault]]:
 
 def fault_class(kind: str) -> type[Fault]:
     """The Fault class of catalog kind ``kind``; an unknown kind names the known ones."""
-    catalog.kind(kind)
+    entry = catalog.kind(kind)
     cls = implementations().get(kind)
     if cls is None:
-        raise ValueError(f"fault kind {kind!r} has no implementation yet")
+        planned = " (the catalog marks it planned)" if entry.not_drawn == "planned" else ""
+        raise ValueError(f"fault kind {kind!r} has no implementation yet{planned}")
     return cls

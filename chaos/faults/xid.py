@@ -44,7 +44,8 @@ import uuid
 from chaos import hyperpod
 from chaos.cluster import Target
 from chaos.errors import InjectionError, TransportError, WaitTimeout
-from chaos.faults.base import Fault, FaultContext, Injection, placement_target
+from chaos.faults import catalog
+from chaos.faults.base import Fault, FaultContext, FaultSettings, Injection, placement_target
 from chaos.faults.cuda import ShimFault, check_shim_loaded
 from chaos.shim.control import control_command
 from chaos.shim.cuda_errors import ERRORS
@@ -176,6 +177,21 @@ class Xid(ShimFault, Fault):
         self.control_path = f"/dev/shm/chaos-xid-{files}.ctl"
         self.log_path = f"/tmp/chaos-xid-{files}.jsonl"
         self._watches: dict[str, _ChainWatch] = {}
+
+    @classmethod
+    def build(cls, settings: FaultSettings, **params) -> "Xid":
+        """The agent SLO and the node's recovery time are the kind's SLOs (the profile's, else
+        the catalog's), the agent's signals, the node-shell image and whether a replacement is
+        allowed the profile's; ``params`` overrides any of them."""
+        profile = settings.profile
+        detect, recover = profile.slo_for(cls.kind) if profile is not None else (
+            catalog.kind(cls.kind).slo_detect_s, catalog.kind(cls.kind).slo_recover_s)
+        kube = profile.kubernetes if profile is not None else None
+        defaults = dict(agent_slo_s=detect, recover_timeout_s=recover,
+                        signals=AgentSignals.from_settings(kube.node_agent if kube else None),
+                        allow_replacement=bool(profile and profile.safety.allow_node_replacement),
+                        node_shell_image=kube.node_shell_image if kube else "busybox:1.36")
+        return cls(**{**defaults, **{k: v for k, v in params.items() if v is not None}})
 
     def describe(self) -> str:
         return f"Xid {self.xid} ({self.spec.error}, every driver call until reboot) on rank {self.rank}'s node"

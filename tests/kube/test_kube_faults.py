@@ -470,18 +470,27 @@ def test_a_sagemaker_error_names_its_code_and_the_mark_is_reverted(hyperpod):
 
 
 def test_the_chaos_fixture_builds_them_and_skips_where_there_is_no_kubernetes(server):
+    """Every Kubernetes kind through the fixture's one factory (``chaos.<kind>(...)``), and a
+    backend without the Kubernetes API skips it naming the capability."""
     from types import SimpleNamespace
 
     from chaos.pytest_plugin import Chaos
 
-    kube = Chaos(SimpleNamespace(backend=FakeBackend(access(server), {})), request=None)
+    request = SimpleNamespace(config=SimpleNamespace(getoption={"chaos_raylet_kill": "grpc"}.__getitem__))
+    backend = FakeBackend(access(server), {})
+    backend.profile = None
+    kube = Chaos(SimpleNamespace(backend=backend), request=request)
     assert isinstance(kube.pod_delete(rank=2), PodDelete) and kube.pod_delete(rank=2).rank == 2
-    assert kube.pod_evict(retry_s=30).retry_s == 30 and kube.hyperpod_replace(via="boto3").via == "boto3"
-    assert (type(kube.pod_delete_graceful()), type(kube.node_drain()), type(kube.hyperpod_reboot())) == \
+    assert kube.pod_evict(retry_s=30).retry_s == 30 and kube.node_replace(via="boto3").via == "boto3"
+    assert (type(kube.pod_delete_graceful()), type(kube.drain()), type(kube.hyperpod_reboot())) == \
         (GracefulPodDelete, NodeDrain, HyperPodReboot)
-    plain = Chaos(SimpleNamespace(backend=SimpleNamespace(kube=None, label="embedded")), request=None)
-    with pytest.raises(pytest.skip.Exception, match="pod-delete needs the Kubernetes API: .* backend is embedded"):
+    assert type(kube.fault("node-replace")) is HyperPodReplace
+    plain = Chaos(SimpleNamespace(backend=SimpleNamespace(kube=None, label="embedded", profile=None)), request=request)
+    with pytest.raises(pytest.skip.Exception, match="pod-delete needs the Kubernetes API of the cluster's platform: "
+                                                    ".* backend is embedded"):
         plain.pod_delete()
+    with pytest.raises(AttributeError, match="no attribute 'pod_explode' \\(fault kinds: raylet_kill, "):
+        plain.pod_explode()
 
 
 def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_session_left(tmp_path):

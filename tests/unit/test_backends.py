@@ -437,6 +437,26 @@ def test_determinism_is_what_the_workload_declares_unless_the_suite_says():
 
 
 
+def test_the_fixtures_one_factory_takes_each_kinds_defaults_from_the_session():
+    """``chaos.<kind>(...)`` builds through the kind's class (``Fault.build``): a raylet kill's
+    method from --chaos-raylet-kill, an Xid's agent SLO and recovery time from the profile's
+    SLOs for the kind (else the catalog's); what the suite passes wins."""
+    from chaos.faults import catalog
+    from chaos.faults.xid import Xid
+
+    options = {"chaos_raylet_kill": "sigkill"}
+    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
+    plain = Chaos(types.SimpleNamespace(backend=types.SimpleNamespace(profile=None, kube=None)), request)
+    assert plain.raylet_kill(rank=0).method == "sigkill" and plain.raylet_kill(method="grpc").method == "grpc"
+    xid = plain.xid(xid=48)
+    assert isinstance(xid, Xid) and (xid.agent_slo_s, xid.recover_timeout_s) == (
+        catalog.kind("xid").slo_detect_s, catalog.kind("xid").slo_recover_s)
+    staging = profile(faults={"xid": {"slo_detect_s": 20, "slo_recover_s": 300}})
+    on_profile = Chaos(types.SimpleNamespace(backend=types.SimpleNamespace(profile=staging, kube=None)), request)
+    assert (on_profile.xid(xid=48).agent_slo_s, on_profile.xid(xid=48).recover_timeout_s) == (20, 300)
+    assert on_profile.xid(xid=48, agent_slo_s=15).agent_slo_s == 15
+
+
 def test_embedded_heal_waits_until_the_dead_node_is_seen_replaced(monkeypatch):
     """Right after a kill the cluster's own record can still show the dead node alive: heal
     waits on the same view the healed verdict reads, not on that record."""

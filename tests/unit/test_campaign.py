@@ -2,12 +2,13 @@
 they use (step, checkpoint phase, delay after the previous recovery)."""
 
 import json
+import re
 import threading
 import time
 
 import pytest
 
-from chaos.campaign import CAMPAIGN_KINDS, Schedule, ScheduleError, draw
+from chaos.campaign import Schedule, ScheduleError, check_kinds, draw, drawn
 from chaos.errors import WaitTimeout
 from chaos.faults.raylet import RayletKill
 from chaos.timeline import Timeline
@@ -83,8 +84,8 @@ def test_too_many_faults_for_the_run_are_refused_with_the_numbers():
 
 @pytest.mark.parametrize("kind, message", [
     ("meteor", r"unknown fault kind 'meteor'; known kinds: raylet-kill, worker-kill"),
-    ("cuda", r"fault kind 'cuda' is not drawn into campaigns: each CUDA fault arms"),
-    ("xid", r"fault kind 'xid' is not drawn into campaigns: as cuda: its dead-GPU plan"),
+    ("cuda", r"fault kind 'cuda' is not drawn into campaigns: it arms the run's environment when the run is submitted"),
+    ("xid", r"fault kind 'xid' is not drawn into campaigns: it arms the run's environment"),
 ])
 def test_kinds_a_campaign_cannot_draw_are_refused_by_name(kind, message):
     with pytest.raises(ScheduleError, match=message):
@@ -93,14 +94,18 @@ def test_kinds_a_campaign_cannot_draw_are_refused_by_name(kind, message):
 
 # -- replay --------------------------------------------------------------------------
 class FakeChaos:
-    """The fixture's factories a schedule uses, recording each call."""
+    """The fixture's one factory, as a schedule uses it (the session's --chaos-raylet-kill
+    sigkill), recording each call."""
 
     def __init__(self):
         self.calls = []
 
-    def raylet_kill(self, rank=1):
-        self.calls.append(("raylet_kill", rank))
-        return RayletKill(rank=rank, method="sigkill")
+    def fault(self, kind, **params):
+        from chaos.faults.base import FaultSettings
+        from chaos.faults.registry import fault_class
+
+        self.calls.append((kind, params))
+        return fault_class(kind).build(FaultSettings(raylet_kill="sigkill"), **params)
 
 
 def test_dump_load_round_trip_and_replay_builds_the_same_faults(tmp_path):
@@ -113,10 +118,12 @@ def test_dump_load_round_trip_and_replay_builds_the_same_faults(tmp_path):
     built = again.to_faults(chaos)
     assert [t for t, _ in built] == s.triggers()
     assert [(f.kind, f.rank) for _, f in built] == [(e.kind, e.rank) for e in s.entries]
-    assert chaos.calls == [("raylet_kill", e.rank) for e in s.entries if e.kind == "raylet-kill"]
+    assert [kind for kind, _ in chaos.calls] == [e.kind for e in s.entries]
     for (_, fault), e in zip(built, s.entries):
         if e.kind == "preempt":
             assert (fault.via, fault.deadline_s) == ("drain", e.params["deadline_s"])
+        if e.kind == "raylet-kill":
+            assert isinstance(fault, RayletKill) and fault.method == "sigkill"
 
 
 def test_charges_count_each_budget_class():
@@ -209,24 +216,41 @@ def test_a_missing_file_is_named(tmp_path):
         Schedule.load(tmp_path / "nope.json")
 
 
-def test_every_campaign_kind_has_a_catalog_class():
-    from chaos.faults.registry import fault_class
-
-    for name in CAMPAIGN_KINDS:
-        assert fault_class(name).kind == name
-
-
-def test_every_catalog_kind_is_drawn_or_says_why_not_and_has_its_class():
-    """A kind added to the catalog without a campaign entry (or a reason it is not drawn) would
-    make --chaos-campaign-kinds say it has no implementation."""
-    from chaos.campaign import NOT_DRAWN
+def test_every_catalog_kind_is_drawn_or_says_why_from_the_closed_list_and_has_its_factory():
+    """A kind is one catalog entry and one Fault class: the entry says how a campaign draws it or
+    why it never does (one of catalog.NOT_DRAWN's reasons, which --chaos-campaign-kinds repeats),
+    and the class that declares the kind is its factory (``Fault.build``); only a kind marked
+    ``planned`` may have none."""
     from chaos.faults import catalog
-    from chaos.faults.registry import fault_class
+    from chaos.faults.base import Fault
+    from chaos.faults.registry import fault_class, implementations
 
-    for name in catalog.KINDS:
-        assert (name in CAMPAIGN_KINDS) != (name in NOT_DRAWN), f"{name}: drawn, or in NOT_DRAWN with a reason"
-        assert fault_class(name).kind == name
-    assert set(CAMPAIGN_KINDS) | set(NOT_DRAWN) == set(catalog.KINDS)
+    for name, entry in catalog.KINDS.items():
+        assert (entry.draw is None) != (entry.not_drawn is None), name
+        if entry.not_drawn is None:
+            check_kinds([name])
+        else:
+            assert entry.not_drawn in catalog.NOT_DRAWN, name
+            with pytest.raises(ScheduleError, match=f"fault kind '{name}' is not drawn into campaigns: "
+                                                    f"{re.escape(catalog.NOT_DRAWN[entry.not_drawn])}"):
+                check_kinds([name])
+        if entry.not_drawn == "planned":
+            assert name not in implementations(), f"{name} is marked planned but has an implementation"
+            continue
+        cls = fault_class(name)
+        assert cls.kind == name and issubclass(cls, Fault) and callable(cls.build)
+    assert drawn() == [k for k, e in catalog.KINDS.items() if e.draw is not None]
+
+
+def test_a_kind_entry_without_a_draw_or_a_reason_or_with_an_unknown_one_is_refused():
+    from chaos.faults import catalog
+
+    with pytest.raises(ValueError, match="give exactly one of draw= and not_drawn="):
+        catalog.FaultKind("melt", "worker_group")
+    with pytest.raises(ValueError, match="not_drawn 'too-hot' is none of arms-the-run, "):
+        catalog.FaultKind("melt", "worker_group", not_drawn="too-hot")
+    with pytest.raises(ValueError, match="needs 'lasers', not a capability"):
+        catalog.FaultKind("melt", "worker_group", needs="lasers", draw=catalog.Draw())
 
 
 # -- triggers ------------------------------------------------------------------------

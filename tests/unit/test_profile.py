@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from pathlib import Path
@@ -456,7 +457,7 @@ faults:
 
 
 def test_catalog_slos_apply_where_the_profile_sets_none(tmp_path, monkeypatch):
-    monkeypatch.setitem(catalog.KINDS, "partition", catalog.FaultKind("partition", "worker_group", 8.0, 90.0))
+    monkeypatch.setitem(catalog.KINDS, "partition", dataclasses.replace(catalog.KINDS["partition"], slo_detect_s=8.0, slo_recover_s=90.0))
     assert load_profile(write(tmp_path, MINIMAL)).slo_for("partition") == (8.0, 90.0)
     text = MINIMAL + "faults:\n  defaults: {slo_recover_s: 200}\n"
     assert load_profile(write(tmp_path, text)).slo_for("partition") == (8.0, 200.0)
@@ -663,15 +664,23 @@ def test_hyperpod_needs_cluster_and_region_and_accepts_an_arn(tmp_path):
     assert (p.kubernetes.hyperpod.cluster_name, p.kubernetes.hyperpod.endpoint_url) == (arn, "http://127.0.0.1:9000")
 
 
-def test_the_profiles_docs_list_every_catalog_kind_with_its_budget_and_fault():
+def test_the_profiles_docs_list_every_catalog_kind_with_its_budget_fault_capability_and_draw():
     """docs/profiles.md's table of `faults` kinds is the catalog's, row for row: a new kind,
-    another expected budget or a fault class moved cannot leave the docs behind."""
+    another expected budget, a fault class moved, another capability or campaign draw cannot
+    leave the docs behind."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "profiles.md").read_text()
     section = doc[doc.index("### `faults`"):doc.index("### `safety`")]
-    rows = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `([a-z-]+)` \| ([^|]+) \| ([^|]+) \|$", section, re.M)}
+    rows = {m[1]: m.groups()[1:] for m in re.finditer(r"^\| `([a-z-]+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
+                                                      section, re.M)}
     assert list(rows) == list(catalog.KINDS), "docs/profiles.md's kinds are not the catalog's (in its order)"
     for name, k in catalog.KINDS.items():
-        budget, impl = rows[name]
+        budget, impl, needs, drawn = rows[name]
         assert budget.startswith(f"`{k.budget_class}`" if k.budget_class else "none"), (name, budget)
         cls = registry.implementations().get(name)
         assert impl == f"`{cls.__module__}.{cls.__qualname__}`" if cls else "planned" in impl, (name, impl)
+        assert needs == (f"`{k.needs}`" if k.needs else "hosts only"), (name, needs)
+        if k.draw is None:
+            assert drawn == f"never: `{k.not_drawn}`", (name, drawn)
+        else:
+            assert drawn.startswith("drawn") and all(f"`{p}` from {', '.join(map(str, v))}" in drawn
+                                                     for p, v in k.draw.params.items()), (name, drawn)
