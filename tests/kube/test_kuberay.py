@@ -17,6 +17,7 @@ from kubernetes import client
 from chaos.embedded.kube import ApiServer, write_kubeconfig
 from chaos.embedded.kube.kuberay import KubeRayReconciler, build_pod, pod_prefix
 from chaos.embedded.kube.resources import NAMESPACES, NODES, PODS, RAYCLUSTERS, prepare_new
+from chaos.waits import poll_until
 import local_kubelet
 from kube_helpers import SLEEPER, TERM_IGNORER, pod_gone, pod_ready, wait_for
 
@@ -133,7 +134,11 @@ def test_raycluster_gets_head_and_workers_with_kuberay_labels_names_nodes_and_st
              seen=lambda: cluster_status(server))
     assert cluster_status(server) == {"readyWorkerReplicas": 2, "availableWorkerReplicas": 2,
                                       "desiredWorkerReplicas": 2, "state": "ready"}
-    assert operator.status_supported is True
+    # The server stores the status before it answers the reconciler's PATCH, which the
+    # reconciler then takes as "status supported": wait for that too (a race seen under load;
+    # no store change follows it, so polled with a deadline).
+    poll_until(lambda: (operator.status_supported is True, f"status_supported={operator.status_supported}"), 15,
+               "the reconciler to see its status write succeed", interval=0.05)
     listed = kubectl.run("get", "pods", "-l", "ray.io/cluster=rc", "-o", "name")
     assert listed.returncode == 0, listed.stderr
     assert sorted(listed.stdout.split()) == [f"pod/{n}" for n in names([head, *workers])]
