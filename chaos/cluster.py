@@ -233,17 +233,28 @@ class ClusterView:
     def watch(self, timeline: Timeline, interval: float = 0.25,
               on_joined: Callable[[Node], None] | None = None) -> None:
         """Emit node_dead / node_alive events into ``timeline`` until ``stop_watching``;
-        ``on_joined(node)`` for each worker node that joins meanwhile (it must not block)."""
+        ``on_joined(node)`` for each worker node that joins meanwhile (it must not block).
+
+        The node table is the head's (its dashboard): the first look that cannot read it is
+        ``head_unreachable``, the first that can again ``head_reachable`` — what the harness
+        sees of a head that goes, from wherever it runs."""
         known = {n.node_id: n.alive for n in self.nodes()}
         stop = self._watch_stop  # this watcher's own stop flag, even if stop_watching replaces it
 
         def loop():
+            reachable = True
             while not stop.wait(interval):
                 try:
                     nodes = self.nodes()
                 except ClusterError as e:
                     log.debug("node watcher: %s", e)
+                    if reachable:
+                        timeline.emit("cluster", "head_unreachable", error=str(e)[:300])  # when it was seen
+                        reachable = False
                     continue
+                if not reachable:
+                    timeline.emit("cluster", "head_reachable")
+                    reachable = True
                 for n in nodes:
                     was = known.get(n.node_id)
                     if was is None and n.alive:

@@ -136,6 +136,11 @@ def prepare_faults(env: Environment, faults: list, timeline: Timeline, say: Call
                 say(f"prepare: {done}")
 
 
+class RunLost(ChaosError):
+    """A fault left nothing of the run to recover (a lost cluster): the waits stop and the run
+    is judged on what happened, as a Finding's is."""
+
+
 class Experiment:
     def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault | Correlated]],
                  expect: Expectation, test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
@@ -152,6 +157,7 @@ class Experiment:
         self._armed: list[Injection] = []
         self._injections: list[Injection] = []
         self._group_of: dict[str, str] = {}  # ledger id -> group id, for a correlated fault's members
+        self._run: Run | None = None
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
@@ -170,8 +176,8 @@ class Experiment:
             env._timelines.remove(self.timeline)
             raise
         fault_env = self.run_env()
-        run = Run(self.spec, env.cluster, self.timeline, self.dir, extra_env=fault_env,
-                  clock=lambda node_id: node_clock_offset(env, node_id))
+        run = self._run = Run(self.spec, env.cluster, self.timeline, self.dir, extra_env=fault_env,
+                              clock=lambda node_id: node_clock_offset(env, node_id))
         targets: list[Target] = []
         nodes_before = env.cluster.table()
         joined: queue.SimpleQueue = queue.SimpleQueue()
@@ -184,6 +190,7 @@ class Experiment:
         watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s,
                            slo_recover_s=self.expect.slo_recover_s, crash_loop_failures=self.judging.crash_loop_failures)
         finding: Verdict | None = None
+        stopped = False
         try:
             with r.step("steady state: cluster healthy, run submitted, training started"):
                 ok, detail = env.backend.healthy_workers()
@@ -210,13 +217,12 @@ class Experiment:
                 if env.dry_run:
                     continue
                 injs = self._injections[-len(hit):]
-                with r.step(f"fault {i}: detect" + (f" (Ray marks node {', '.join(t.node_id[:8] for t in hit)} DEAD)"
-                                                    if fault.kills_node else
-                                                    f" (Train sees rank {', '.join(str(t.rank) for t in hit)} fail)")):
+                with r.step(f"fault {i}: detect (wait for {'; '.join(inj.fault.detection(inj.target) for inj in injs)})"):
                     self.timeline.guard = None  # a fault may legitimately silence the run until detected
                     for inj in injs:
                         self._detect(inj)
                     self._after_detect(ctx, injs)
+                    self._follow_fate(run, injs)
                 if fault.one_shot:  # disarm before the next attempt can start, or it would fail again
                     self._revert_all(ctx)
                 watch.waiting_for = "the next attempt's first report"
@@ -242,18 +248,23 @@ class Experiment:
                 for v in verdicts:
                     r.say(v.line())
         except Finding as f:  # the run stalled or never resumed: stop it, judge what it did
-            finding = f.verdict
+            finding, stopped = f.verdict, True
             r.say(f"stopped waiting: {finding.message}")
+        except RunLost as lost:  # nothing left to recover: judge what happened
+            stopped = True
+            r.say(f"stopped: {lost}")
         finally:
             self.timeline.guard = None
+            env.backend.head_away.clear()
             # Each cleanup step on its own: one failing must neither skip the others nor hide
             # the exception that brought us here.
             self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
             self._cleanup("stop the run", run.stop)
-            if finding is not None:
+            if stopped:
                 with r.step("verify: verdicts from what the run did before it stopped"):
                     verdicts.extend(verdicts_for(self.timeline, self.expect, finished=False))
-                    verdicts.append(finding)
+                    if finding is not None:
+                        verdicts.append(finding)
                     for v in verdicts:
                         r.say(v.line())
             self._cleanup("stop the node watcher", env.cluster.stop_watching)
@@ -266,7 +277,7 @@ class Experiment:
             self._attach(run, nodes_before, verdicts)
             if env.tape:  # what the contract tier replays the tape against (tests/contract)
                 (self.dir / "judging.json").write_text(json.dumps(
-                    {"expectation": dataclasses.asdict(self.expect), "finished": finding is None}, default=str))
+                    {"expectation": dataclasses.asdict(self.expect), "finished": not stopped}, default=str))
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
 
@@ -404,6 +415,10 @@ class Experiment:
     def _issue(self, ctx: FaultContext, inj: Injection) -> dict:
         """Inject one recorded fault, stamping when it was issued and when it returned."""
         fault, grouped = inj.fault, self._grouped(inj)
+        if fault.loses_the_head:
+            self.env.backend.head_away.set()
+            if self._run is not None:
+                self._run.head_may_go()
         inj.t = self.timeline.emit("fault", "fault_injected", fault=fault.kind, target=inj.target.to_json(),
                                    ledger_id=inj.ledger_id, description=fault.describe(),
                                    detect_by="node" if fault.kills_node else "train", **grouped).t
@@ -432,11 +447,27 @@ class Experiment:
                              + "; ".join(f"{inj.host.name or inj.target.node_ip}: {e}" for inj, e in failed)
                              ) from failed[0][1]
 
+    def _follow_fate(self, run: Run, injs: list[Injection]) -> None:
+        """What the run does now that the fault did its worst (``Fault.run_fate``): go on, be
+        resubmitted (its driver is gone), or stop here (nothing left to recover: RunLost)."""
+        fates = {inj.fault.run_fate(inj): inj for inj in injs}
+        if any(inj.fault.loses_the_head for inj in injs):
+            self.env.backend.head_away.clear()  # the head's fault has run its course: the guard looks again
+        if "lost" in fates:
+            inj = fates["lost"]
+            raise RunLost(f"{inj.fault.kind} left nothing of the run to recover: "
+                          f"{inj.evidence.get('diagnosis') or inj.evidence}")
+        if "resubmit" in fates:
+            inj = fates["resubmit"]
+            lost = run.job_id
+            job = run.resubmit(f"{inj.fault.kind}: {inj.evidence.get('diagnosis', 'its driver was lost')}")
+            self.reporter.say(f"job {lost} lost its driver: the run resubmitted as job {job} under the same name "
+                              "and storage (what a RayJob's retry does)")
+
     def _detect(self, inj: Injection) -> None:
         """Wait on the fault's own detection predicate; record the event it matched."""
         fault, target = inj.fault, inj.target
-        what = (f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD" if fault.kills_node
-                else f"Train to see rank {target.rank} fail")
+        what = fault.detection(target)
         timeout = fault.detect_timeout(self.env.timeouts.detect_s)
         try:
             seen = self.timeline.wait_for(lambda ev: fault.detected(ev, target, inj.t), timeout, what)
@@ -521,20 +552,20 @@ class Experiment:
         Asked of the job's own actors and placement groups, not of the cluster's free
         resources, so other tenants of a shared cluster do not make this fail."""
         try:
-            job = run.ray_job_id()
+            jobs = run.ray_job_ids()
         except Exception as e:
             return False, f"could not tell what the job still holds: its Ray job id is unreadable: {e}"
-        if job is None:
+        if not jobs:
             return True, "the job was not submitted or started no driver: nothing of it holds resources"
 
         def check():
-            held = self.env.cluster.held_by_job(job)
+            held = [h for job in jobs for h in self.env.cluster.held_by_job(job)]
             return (None, "still held: " + "; ".join(held)) if held else (
-                f"nothing of job {job} holds resources", "")
+                f"nothing of job {', '.join(jobs)} holds resources", "")
 
         try:
-            return True, poll_until(check, 60, f"job {job}'s actors and placement groups to give back their resources",
-                                    interval=0.5)
+            return True, poll_until(check, 60, f"job {', '.join(jobs)}'s actors and placement groups to give back "
+                                    "their resources", interval=0.5)
         except Exception as e:
             return False, f"leaked resources: {e}"
 
@@ -548,7 +579,8 @@ class Experiment:
             r.attach_text("failure-policy lines", "\n".join(run.failure_policy_lines()) or "(no failure decision)")
             r.attach_json("nodes before", nodes_before)
             r.attach_json("nodes after", self.env.cluster.table())
-            r.attach_file("job log", run.log_path)
+            for i, sub in enumerate(run.submissions):
+                r.attach_file("job log" + (f" (resubmission {i})" if i else ""), sub.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])
             warnings = [v for v in verdicts if v.status == "warning"]
             if warnings:  # shown on the test's page, though they do not fail it

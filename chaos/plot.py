@@ -34,8 +34,10 @@ MARKER_STYLE = {
     "node_agent_silent": {"color": "tab:orange", "linestyle": ":", "linewidth": 1.2},
     "node_down": {"color": "tab:brown", "linestyle": "-", "linewidth": 1.0},
     "node_recovered": {"color": "tab:olive", "linestyle": "-", "linewidth": 1.2},
-    # a head fault (chaos.head_loss): the head answering again
-    "head_back": {"color": "tab:green", "linestyle": "-.", "linewidth": 1.3},
+    # a head fault (chaos.faults.head): the head's node table gone, answering again; the run resubmitted
+    "head_unreachable": {"color": "black", "linestyle": "-.", "linewidth": 1.3},
+    "head_reachable": {"color": "tab:green", "linestyle": "-.", "linewidth": 1.3},
+    "job_submitted": {"color": "tab:blue", "linestyle": "--", "linewidth": 1.0},
 }
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
 
@@ -114,7 +116,8 @@ def plot_data(timeline: Timeline) -> PlotData:
     return PlotData(
         has_steps=has_steps,
         attempts=dict(sorted(attempts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))),
-        markers=[Marker(e.t - t0, e.kind, _marker_label(e)) for e in events if e.kind in MARKER_STYLE],
+        markers=[Marker(e.t - t0, e.kind, _marker_label(e)) for e in events
+                 if e.kind in MARKER_STYLE and (e.kind != "job_submitted" or e.data.get("resubmits"))],
         lost=_lost_spans(timeline, t0) if has_steps else [],
         recoveries=[Recovery(m.fault_t - t0, m.time_to_detect, m.time_to_recover) for m in recovery_metrics(timeline)],
         end_x=(events[-1].t - t0) if events else 0.0,
@@ -141,8 +144,10 @@ def _marker_label(e: Event) -> str:
         return "agent: no action"
     if e.kind == "node_down":
         return "node deleted" if e.data.get("deleted") else "node down"
-    if e.kind == "head_back":
-        return "head back"
+    if e.kind in ("head_unreachable", "head_reachable"):
+        return e.kind.replace("_", " ")
+    if e.kind == "job_submitted":
+        return "resubmitted"
     if e.kind == "node_recovered":
         return {"reboot": "node rebooted", "replace": "node replaced"}.get(e.data.get("action"), "node back")
     return f"run {e.data.get('state', 'finished')}"

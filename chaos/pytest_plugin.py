@@ -129,6 +129,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
     config.addinivalue_line("markers", "kubernetes: a chaos suite of Kubernetes/HyperPod faults "
                                        "(--chaos-kubernetes, or a profile with a kubernetes section)")
+    config.addinivalue_line("markers", "head_faults(gcs_ft=True, gcs_reconnect_timeout_s=60): a chaos suite of head "
+                                       "faults, on an embedded cluster of its own whose head may be hit (on a test "
+                                       "host of its own, started again when it goes), with or without GCS fault "
+                                       "tolerance (an external Redis)")
     config.addinivalue_line("markers", "integration: runs real Ray clusters (minutes, not seconds)")
     config.addinivalue_line("markers", "extended: a chaos suite whose fault kind and budget class a per-commit "
                                        "suite already covers (make integration runs it, make chaos does not; "
@@ -205,10 +209,11 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_cluster_order)
 
 
-def _cluster_order(item) -> int:
-    if "chaos_head_loss" in getattr(item, "fixturenames", ()):
-        return 1
-    return 2 if item.get_closest_marker("kubernetes") else 0
+def _cluster_order(item) -> tuple:
+    head = item.get_closest_marker("head_faults")
+    if head is not None:
+        return 1, Clusters.head_kind(head)
+    return (2, "") if item.get_closest_marker("kubernetes") else (0, "")
 
 
 def live_reporter(config) -> Reporter:
@@ -243,7 +248,7 @@ def live_reporter(config) -> Reporter:
 # -- the cluster -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def chaos_clusters(request) -> "Clusters":
-    """This session's clusters, one open at a time (the harness is one Ray driver)."""
+    """This session's clusters, one open at a time (two cores run one cluster at a time)."""
     clusters = Clusters(request)
     yield clusters
     clusters.close()
@@ -253,14 +258,23 @@ def chaos_clusters(request) -> "Clusters":
 def chaos_env(chaos_clusters, request) -> Environment:
     """The cluster under test: the backend that serves --chaos-profile; else the embedded
     Kubernetes cluster for ``kubernetes``-marked suites (all suites under --chaos-kubernetes);
-    else the embedded cluster."""
-    return chaos_clusters.get(Clusters.kind_for(request))
+    else the embedded cluster (``head_faults``-marked suites: the head-fault one)."""
+    kind = Clusters.kind_for(request)
+    if kind == "profile" and request.node.get_closest_marker("head_faults"):
+        # Before the profile's cluster is reached at all: the harness faults only a head it runs.
+        profile = request.config.stash[_PROFILE]
+        if not profile.safety.allow_head:
+            pytest.fail(f"head faults refused: profile {profile.name} does not allow the head "
+                        "(safety.allow_head: false)", pytrace=False)
+        pytest.skip(f"head faults run on the embedded cluster only; profile {profile.name}'s cluster is not "
+                    "restarted by the harness")
+    return chaos_clusters.get(kind)
 
 
 class Clusters:
-    """Opens the cluster a test needs and closes the previous one of another kind first:
-    a process is the driver of one Ray cluster at a time, so one session can run the
-    embedded and the Kubernetes suites (each xdist worker switches as its files need)."""
+    """Opens the cluster a test needs and closes the previous one of another kind first (two
+    cores run one cluster at a time), so one session can run the embedded, the head-fault
+    and the Kubernetes suites (each xdist worker switches as its files need)."""
 
     def __init__(self, request):
         self.request = request
@@ -276,7 +290,18 @@ class Clusters:
             return "profile"
         if opt("chaos_kubernetes") or request.node.get_closest_marker("kubernetes"):
             return "kubernetes"
-        return "embedded"
+        head = request.node.get_closest_marker("head_faults")
+        return Clusters.head_kind(head) if head is not None else "embedded"
+
+    @staticmethod
+    def head_kind(marker) -> str:
+        """``head:gcs_ft=...,gcs_reconnect_timeout_s=...``: one cluster per distinct marker."""
+        options = {"gcs_ft": True, "gcs_reconnect_timeout_s": 60.0, **marker.kwargs}
+        unknown = set(options) - {"gcs_ft", "gcs_reconnect_timeout_s"}
+        if marker.args or unknown:
+            raise pytest.UsageError(f"@pytest.mark.head_faults takes gcs_ft= and gcs_reconnect_timeout_s= only, "
+                                    f"got {marker.args or ''} {sorted(unknown) or ''}")
+        return "head:" + ",".join(f"{k}={options[k]}" for k in sorted(options))
 
     def get(self, kind: str) -> Environment:
         if kind in self._failed:  # one clear error per kind, not one start per test
@@ -312,12 +337,22 @@ class Clusters:
             with _embedded_kubernetes(config, out, reporter) as backend, \
                     _session(config, backend, out, reporter) as env:
                 yield env
+        elif kind.startswith("head:"):
+            options = dict(part.split("=") for part in kind[len("head:"):].split(","))
+            backend = _embedded_backend(config, out, reporter, gcs_ft=options["gcs_ft"] == "True",
+                                        gcs_reconnect_timeout_s=float(options["gcs_reconnect_timeout_s"]))
+            with _session(config, backend, out, reporter) as env:
+                yield env
         else:
             with _session(config, _embedded_backend(config, out, reporter), out, reporter) as env:
                 yield env
 
 
-def _embedded_backend(config, out: Path, reporter: Reporter):
+def _embedded_backend(config, out: Path, reporter: Reporter, gcs_ft: bool | None = None,
+                      gcs_reconnect_timeout_s: float = 60.0):
+    """The embedded cluster the options ask for; ``gcs_ft`` not None: a head-fault cluster
+    (its head on a test host of its own where test hosts are possible, 2 workers, GCS fault
+    tolerance on or off, the head started again when it goes)."""
     from chaos import backends
     from chaos.embedded.cluster import EmbeddedConfig
     from chaos.embedded.testhost import testhosts_supported
@@ -330,15 +365,24 @@ def _embedded_backend(config, out: Path, reporter: Reporter):
     if hosts == "auto":
         hosts = "namespaces" if supported else "plain"
     slot = _slot(config, 0)
-    cfg = EmbeddedConfig(workers=opt("chaos_workers"), node_recovery=opt("chaos_node_recovery") == "automatic",
+    head_faults = gcs_ft is not None
+    cfg = EmbeddedConfig(workers=2 if head_faults else opt("chaos_workers"),
+                         node_recovery=opt("chaos_node_recovery") == "automatic",
                          recovery_delay_s=opt("chaos_recovery_delay"), hosts=hosts,
-                         base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else ""),
-                         gpus_per_worker=opt("chaos_gpus_per_worker"), slot=slot)
+                         base_dir=out / "embedded" / (f"slot{slot}" if slot is not None else "") /
+                         ("head-faults" if head_faults else ""),
+                         gpus_per_worker=opt("chaos_gpus_per_worker"), slot=slot,
+                         gcs_ft=bool(gcs_ft), gcs_reconnect_timeout_s=gcs_reconnect_timeout_s,
+                         head_host="testhost" if head_faults and hosts == "namespaces" else "local")
     where = ("test hosts in network/PID/mount/UTS namespaces on a 198.18.x.0/24 bridge" if hosts == "namespaces"
              else f"loopback processes on {cfg.loopback_block()}.x" + ("" if supported else f" (no test hosts: {why})"))
+    if head_faults:
+        where += ("; the head on a test host of its own" if cfg.head_host == "testhost" else
+                  "; the head a local process tree (a head reboot SIGKILLs it)")
+        where += f"; GCS fault tolerance {'on (external Redis)' if gcs_ft else 'off'}, for head faults"
     reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
                  f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
-    return backends.for_profile(None, config=cfg, storage_path=str(out / "storage"))
+    return backends.for_profile(None, config=cfg, storage_path=str(out / "storage"), head_faults=head_faults)
 
 
 @contextlib.contextmanager
@@ -430,6 +474,7 @@ class Expect:
     baseline: bool = False  # follow the run step by step against a fault-free run's (state-trajectory)
     deterministic: bool | None = None  # see Expectation; None: what the workload declares
     charge_outcomes: list[dict[str, int]] | None = None  # see Expectation: a node-recovery fault's measured charges
+    head_outcome: str | None = None  # see Expectation: what a head fault should do to the run
 
 
 @dataclasses.dataclass
@@ -501,14 +546,15 @@ class Chaos:
                slo_detect_s: float | None = None, slo_recover_s: float | None = None,
                checkpoint_in_window: bool | None = None, final_state: bool = False,
                deterministic: bool | None = None, charge_outcomes: list[dict[str, int]] | None = None,
-               baseline: bool = False) -> Expect:
+               baseline: bool = False, head_outcome: str | None = None) -> Expect:
         """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
         ``final_state=True`` also compares the run's final state with a fault-free run's;
         ``baseline=True`` follows the run step by step against a fault-free run's (as --chaos-baseline);
         ``deterministic=True`` makes a state value that does not reproduce a failure;
-        ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be seen."""
+        ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be seen;
+        ``head_outcome``: what a head fault should do to the run (default: what Ray was measured to do)."""
         return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state,
-                      baseline, deterministic, charge_outcomes)
+                      baseline, deterministic, charge_outcomes, head_outcome)
 
     def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expectation:
         """``expect`` with its unset fields derived from ``faults`` and the profile."""
@@ -526,6 +572,7 @@ class Chaos:
         return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
                            slo_detect_s=detect, slo_recover_s=recover,
                            checkpoint_in_window=expect.checkpoint_in_window, charge_outcomes=expect.charge_outcomes,
+                           head_outcome=expect.head_outcome,
                            deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
                            state_rtol=self._opt("chaos_state_rtol"))
 
@@ -605,52 +652,3 @@ def pytest_sessionfinish(session, exitstatus):
 
         write_categories(results)
         write_executor(results)
-
-
-# -- head loss -------------------------------------------------------------------------
-@pytest.fixture
-def chaos_head_loss(chaos_clusters, request):
-    """``chaos_head_loss(gcs_ft=..., spec=...)``: a ``HeadLossExperiment`` on an embedded cluster
-    of its own (a head fault ends every driver of the cluster, so the session's cluster is
-    closed first and this one is never a driver's).  Refused on a profile's cluster: the
-    head is only faulted where the harness runs it."""
-    from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
-    from chaos.embedded.testhost import testhosts_supported
-    from chaos.head_loss import HeadLossExperiment
-
-    config = request.config
-    profile = config.stash.get(_PROFILE, None)
-    if profile is not None:
-        if not profile.safety.allow_head:
-            pytest.fail(f"head faults refused: profile {profile.name} does not allow the head "
-                        "(safety.allow_head: false)", pytrace=False)
-        pytest.skip(f"head faults run on the embedded cluster only; profile {profile.name}'s cluster is not "
-                    "restarted by the harness")
-    chaos_clusters.close()
-    out = Path(config.getoption("chaos_reports")).resolve()
-    name = request.node.name
-    reporter = live_reporter(config)
-    closers = contextlib.ExitStack()  # LIFO, and every one runs even if one fails
-
-    def start(*, gcs_ft: bool, spec, workers: int = 2, gcs_reconnect_timeout_s: float = 60.0):
-        slot = _slot(config, 1)
-        testhosts, why = testhosts_supported()
-        cfg = EmbeddedConfig(workers=workers, hosts="namespaces" if testhosts else "plain",
-                             head_host="testhost" if testhosts else "local", gcs_ft=gcs_ft, slot=slot,
-                             gcs_reconnect_timeout_s=gcs_reconnect_timeout_s,
-                             recovery_delay_s=config.getoption("chaos_recovery_delay"),
-                             base_dir=out / "embedded" / f"head-loss-{name}")
-        where = ("the head and the workers on test hosts" if testhosts else
-                 f"head and workers as loopback processes (no test hosts: {why}; a head reboot kills its processes)")
-        reporter.say(f"starting an embedded cluster for head faults: 1 head + {workers} workers, {where}; "
-                     f"GCS fault tolerance {'on (external Redis)' if gcs_ft else 'off'}")
-        cluster = EmbeddedCluster(cfg).up()
-        closers.callback(cluster.down)
-        exp = HeadLossExperiment(cluster, spec, out / "runs" / name, reporter=reporter,
-                                 unverifiable=config.getoption("chaos_unverifiable"), test_id=request.node.nodeid)
-        closers.callback(exp.close)
-        config.stash[_RECORDS][request.node.nodeid] = exp  # reports/summary.json, as the chaos fixture's
-        return exp
-
-    with closers:  # the experiment (stops its jobs), then its cluster
-        yield start

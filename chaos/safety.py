@@ -206,6 +206,11 @@ class HealthGuard:
             return reason
         return None
 
+    def hold(self) -> None:
+        """No look now: the count needs the head's node table, which a head fault has taken
+        away (its own deadlines bound that); the clock starts over."""
+        self.below_since = None
+
     def check(self) -> None:
         """observe(), raising GuardAbort when it says abort."""
         reason = self.observe()

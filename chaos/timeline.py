@@ -26,6 +26,11 @@ fault     fault_reverted       fault, ledger_id
                                with the same ``group`` id: one fault, see fault_groups)
 cluster   node_dead            node_id, node_ip, death_reason
 cluster   node_alive           node_id, node_ip
+cluster   head_unreachable     error (the node table could not be read: the head is gone)
+cluster   head_reachable       (the node table answers again)
+fault     head_loss            what a head fault did: outcome, diagnosis, gcs_ft, ... (chaos.faults.head)
+harness   job_submitted        job_id, entrypoint; resubmits (the job whose driver was lost)
+harness   job_abandoned        job_id, why (its driver was lost: the run goes on in a resubmission)
 harness   clock_offset         offset_s (head clock - harness clock), rtt_s
 harness   job_finished         status, message
 shim      cuda_injection       symbol, error, mode, rank, pid, call

@@ -40,8 +40,7 @@ DIAGNOSES: tuple[str, ...] = (
     "unverifiable: step metric goes back", "unverifiable: no step after the restart",
     "unverifiable: resumed at the checkpoint's own step",
     "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
-    "unverifiable: no reporting stride", "unverifiable: run not recorded",
-    "unverifiable: no attempt after resubmission",
+    "unverifiable: no reporting stride",
     # state-restored, final-state ("state differs": a warning — not declared deterministic)
     "state not restored", "state differs", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
     "unverifiable: no baseline",
@@ -52,7 +51,7 @@ DIAGNOSES: tuple[str, ...] = (
     "budget not exhausted", "unrelated failure", "unverifiable: no failure-policy record",
     "unverifiable: no failure evidence",
     # recovery-time
-    "recovery too slow", "inconclusive", "unverifiable: no report after the fault",
+    "recovery too slow", "inconclusive",
     # preemption-window
     "no just-in-time checkpoint", "checkpoint inside the preemption window", "unverifiable: no checkpoint cadence",
     "unverifiable: no persist record",
@@ -65,7 +64,7 @@ DIAGNOSES: tuple[str, ...] = (
     # progress (chaos.progress, chaos.experiment), healed
     "training stalled", "did not resume", "crash loop", "run ended before the fault", "driver did not exit",
     "cleanup failed",
-    # head loss (chaos.head_loss): <outcome> is the one seen (head_loss.OUTCOMES); "cluster lost"
+    # head loss (chaos.faults.head): <outcome> is the one seen (head.OUTCOMES); "cluster lost"
     # is the expected verdict's, cut from the head-loss diagnosis at run time
     "head loss: <outcome>", "head loss: no reboot", "unverifiable: no outcome", "cluster lost",
     "unexpected worker node fate",
@@ -122,6 +121,9 @@ class Expectation:
     # node's recovery, in a timing-dependent order): the per-class charges measured for it; the
     # one seen must be among them.  None: any charge within the limits.
     charge_outcomes: list[dict[str, int]] | None = None
+    # What a head fault should do to the run (chaos.faults.head.OUTCOMES); None: what the pinned
+    # Ray was measured to do (HEAD_OUTCOME_BY_GCS_FT).
+    head_outcome: str | None = None
 
 
 # -- resumed-from-latest -------------------------------------------------------------
@@ -480,95 +482,64 @@ def _stepless(name: str, run_id: str, attempt: int, reported: list[Event], metri
                     "step_metric": metric})
 
 
-def resumed_after_resubmission(timeline: Timeline, lost_run: str, new_run: str) -> list[Verdict]:
-    """Did the run resubmitted after its driver was lost resume from the lost run's latest
-    checkpoint?  The same rule as a restart, with the new run's attempts numbered after the
-    lost run's (a resubmission is one more attempt of the same training, to whoever waits on it)."""
-    by_id = dict(runs(timeline))
-    if lost_run not in by_id or new_run not in by_id:
-        return [Verdict("resumed-from-latest (after resubmission)", "unverifiable",
-                        f"unverifiable: no recorder events of run {lost_run if lost_run not in by_id else new_run}",
-                        "unverifiable: run not recorded", {"runs": list(by_id)})]
-    lost = by_id[lost_run]
-    offset = max((e.attempt for e in lost if e.attempt is not None), default=0) + 1
-    renumbered = [e if e.attempt is None else dataclasses.replace(e, data={**e.data, "attempt": e.attempt + offset})
-                  for e in by_id[new_run]]
-    merged = lost + [e for e in renumbered if e.kind in ("attempt_started", "report")]
-    # Only the resubmission's attempts: a restart inside the lost run is not its resume.
-    verdicts = [v for v in _resumes_of_run(timeline, lost_run, merged, "resubmission, ")
-                if v.evidence.get("attempt", offset) >= offset]
-    if not verdicts:
-        started = any(e.kind == "attempt_started" for e in by_id[new_run])
-        what = "started an attempt but never reported" if started else "never started an attempt"
-        return [Verdict("resumed-from-latest (after resubmission)", "unverifiable",
-                        f"unverifiable: the resubmitted run {what}",
-                        "unverifiable: no attempt after resubmission", {"new_run": new_run})]
-    for v in verdicts:
-        v.evidence.update(lost_run=lost_run, new_run=new_run, attempt_offset=offset)
-    return verdicts
+#: what a head fault does to the run, by whether the GCS is fault tolerant (Ray 2.60, measured:
+#: README): the driver runs on the head and dies with it; without an external Redis the
+#: restarted head has an empty GCS
+HEAD_OUTCOME_BY_GCS_FT = {True: "driver-lost", False: "cluster-lost"}
 
 
-def head_loss_outcome(loss: Any, expected: str) -> Verdict:
-    """The run's fate after a head fault (chaos.head_loss.HeadLoss) against what the suite
-    measured the pinned Ray to do."""
-    evidence = loss.to_json()
-    name = f"head-loss ({loss.fault}, GCS fault tolerance {'on' if loss.gcs_ft else 'off'})"
-    if loss.outcome is None:
-        return Verdict(name, "unverifiable", f"unverifiable: {loss.diagnosis}", "unverifiable: no outcome", evidence)
-    times = (f"head down {_s(loss.head_down_s)} and back {_s(loss.head_up_s)} after the fault"
-             if loss.head_up_s is not None else "head did not come back")
-    if len(loss.head_boot_ids) == 2:
-        times += (f", its host rebooted (boot id {loss.head_boot_ids[0][:8]} → {loss.head_boot_ids[1][:8]})"
-                  if loss.head_boot_ids[0] != loss.head_boot_ids[1] else ", its host kept its boot id")
-    if loss.outcome != expected:
-        return Verdict(name, "fail", f"head loss: expected {expected}, got {loss.outcome}: {loss.diagnosis} ({times})",
-                       f"head loss: {loss.outcome}", evidence)
-    if loss.fault == "head-reboot" and len(loss.head_boot_ids) == 2 and len(set(loss.head_boot_ids)) == 1:
+def head_loss_outcome(loss: dict, expected: str | None = None) -> Verdict:
+    """The run's fate after a head fault (a ``head_loss`` event's data, chaos.faults.head)
+    against ``expected`` (default: what the pinned Ray was measured to do)."""
+    expected = expected or HEAD_OUTCOME_BY_GCS_FT[bool(loss.get("gcs_ft"))]
+    name = f"head-loss ({loss.get('fault')}, GCS fault tolerance {'on' if loss.get('gcs_ft') else 'off'})"
+    outcome, diagnosis, boots = loss.get("outcome"), loss.get("diagnosis", ""), loss.get("head_boot_ids") or []
+    if outcome is None:
+        return Verdict(name, "unverifiable", f"unverifiable: {diagnosis}", "unverifiable: no outcome", loss)
+    up = loss.get("head_up_s")
+    times = (f"head unreachable {_s(loss.get('head_unreachable_s'))} and back {_s(up)} after the fault"
+             if up is not None else "head did not come back")
+    if len(boots) == 2:
+        times += (f", its host rebooted (boot id {boots[0][:8]} → {boots[1][:8]})" if boots[0] != boots[1]
+                  else ", its host kept its boot id")
+    if outcome != expected:
+        return Verdict(name, "fail", f"head loss: expected {expected}, got {outcome}: {diagnosis} ({times})",
+                       f"head loss: {outcome}", loss)
+    if loss.get("fault") == "head-reboot" and len(boots) == 2 and boots[0] == boots[1]:
         return Verdict(name, "fail", f"head loss: expected the head's host to reboot, but it kept boot id "
-                       f"{loss.head_boot_ids[0]} ({times})", "head loss: no reboot", evidence)
-    status = "expected" if loss.outcome == "cluster-lost" else "pass"
-    return Verdict(name, status, f"{loss.diagnosis} ({times})", loss.diagnosis.split(":")[0], evidence)
+                       f"{boots[0]} ({times})", "head loss: no reboot", loss)
+    status = "expected" if outcome == "cluster-lost" else "pass"
+    return Verdict(name, status, f"{diagnosis} ({times})", diagnosis.split(":")[0], loss)
 
 
-def reports_resumed(timeline: Timeline, loss: Any, slo_recover_s: float | None) -> Verdict:
-    """Time from a head fault to the first report after it: the same run's (it continued) or,
-    for a run lost with its driver, its resubmission's — what whoever waits on training sees."""
-    after = [e for e in timeline.of("report") if e.t > loss.t_fault + (loss.head_up_s or 0.0)]
-    name = f"recovery-time (head: {loss.fault})"
-    evidence = {"t_fault": loss.t_fault, "head_up_s": loss.head_up_s, "slo_recover_s": slo_recover_s,
-                "resubmitted_at_s": next((e.t - loss.t_fault for e in timeline.of("job_submitted")
-                                          if e.t > loss.t_fault), None)}
-    if not after:
-        return Verdict(name, "unverifiable", "unverifiable: no report after the head fault (nothing resumed, or "
-                       "the run was not resubmitted)", "unverifiable: no report after the fault", evidence)
-    first = after[0]
-    took = first.t - loss.t_fault
-    evidence.update(first_report_s=took, first_step=first.data.get("step"), run_id=first.data.get("run_id"))
-    summary = (f"head back {_s(loss.head_up_s)} after the fault, reports resumed after {_s(took)} "
-               f"(step {first.data.get('step')})")
-    if slo_recover_s is not None and took > slo_recover_s:
-        return Verdict(name, "fail", f"recovery too slow: reports resumed {_s(took)} after the head fault > SLO "
-                       f"{slo_recover_s:.1f} s ({summary})", "recovery too slow", evidence)
-    return Verdict(name, "pass", summary, None, evidence)
-
-
-def workers_after_head_loss(loss: Any, kept: bool) -> Verdict:
-    """Every worker node outlived the head fault under its Ray node id (``kept``: GCS fault
-    tolerance), or none did (a new GCS: they came back as new nodes)."""
-    survived = set(loss.workers_before) & set(loss.workers_after)
-    evidence = {"before": loss.workers_before, "after": loss.workers_after, "expected": "kept" if kept else "new ids"}
+def workers_after_head_loss(loss: dict) -> Verdict:
+    """Every worker node outlived the head fault under its Ray node id (GCS fault tolerance),
+    or none did (a new GCS: they came back as new nodes)."""
+    kept = bool(loss.get("gcs_ft"))
+    before, after = loss.get("workers_before") or {}, loss.get("workers_after") or {}
+    survived = set(before) & set(after)
+    evidence = {"fault": loss.get("fault"), "before": before, "after": after,
+                "expected": "kept" if kept else "new ids"}
     if kept:
-        ok = bool(survived) and survived == set(loss.workers_before)
+        ok = bool(survived) and survived == set(before)
         msg = (f"all {len(survived)} worker nodes kept their Ray node ids through the head's restart" if ok else
                "worker nodes after head loss: lost "
-               f"{sorted(n[:8] for n in set(loss.workers_before) - survived) or 'every node'}, expected all kept")
+               f"{sorted(n[:8] for n in set(before) - survived) or 'every node'}, expected all kept")
     else:
-        ok = not survived and len(loss.workers_after) >= len(loss.workers_before)
+        ok = not survived and len(after) >= len(before)
         msg = ("no worker node kept its Ray node id: the new GCS did not know them; all came back as new nodes"
                if ok else f"worker nodes after head loss: {sorted(n[:8] for n in survived)} kept their ids, "
-                          f"{len(loss.workers_after)} of {len(loss.workers_before)} alive, expected all under new ids")
-    return Verdict("worker nodes after head loss", "pass" if ok else "fail", msg,
+                          f"{len(after)} of {len(before)} alive, expected all under new ids")
+    return Verdict(f"worker nodes after head loss ({loss.get('fault')})", "pass" if ok else "fail", msg,
                    None if ok else "unexpected worker node fate", evidence)
+
+
+def head_losses(timeline: Timeline, expect: "Expectation") -> list[Verdict]:
+    """For every head fault: what became of the run, and of the worker nodes."""
+    out = []
+    for e in timeline.of("head_loss"):
+        out += [head_loss_outcome(e.data, expect.head_outcome), workers_after_head_loss(e.data)]
+    return out
 
 
 def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Event | None, agreed: bool,
@@ -1464,9 +1435,10 @@ def verdicts_for(timeline: Timeline, expect: Expectation, finished: bool = True)
     if expect.trajectory is not None:
         final.insert(0, state_trajectory(timeline, expect.trajectory, det, rtol))
     resumed = resumed_from_latest(timeline, det, expect.trajectory)
+    heads = head_losses(timeline, expect)
     if not finished:
-        return [*resumed, *state_restored(timeline, det, rtol), *node_recovery_chain(timeline), *final]
-    return [*resumed, *state_restored(timeline, det, rtol), within_budget(timeline, expect),
+        return [*heads, *resumed, *state_restored(timeline, det, rtol), *node_recovery_chain(timeline), *final]
+    return [*heads, *resumed, *state_restored(timeline, det, rtol), within_budget(timeline, expect),
             *recovery_time(timeline, expect), *preemption_window(timeline, expect), *node_recovery_chain(timeline),
             run_finished(timeline, expect), *final]
 

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protocol
 
 from chaos.backends.lock import ClusterLock
 from chaos.cluster import ClusterView, Node, Target
@@ -52,6 +52,23 @@ class Host:
     transport: Transport  # shared by everything that reaches this host in one session
     console: "Console | None" = None  # out-of-band access that survives a partition
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the platform's own labels for it
+
+
+class HeadControl(Protocol):
+    """The ``head`` capability: what head faults (chaos.faults.head) do to a cluster's head and
+    read of it besides Ray's own APIs, which go while it is down."""
+
+    gcs_ft: bool  # the GCS keeps its tables in an external Redis
+
+    def kill_gcs(self) -> str: ...
+    def power_cycle(self) -> str: ...
+    def restart_redis(self) -> str: ...
+    def boot_id(self) -> str | None:
+        """The head machine's boot id (None: the head has no machine of its own)."""
+    def driver_alive(self, pid: int) -> bool | None:
+        """Whether the process with PID ``pid`` on the head (a job's driver) still runs."""
+    def went_down_after(self, t: float) -> float | None:
+        """When the head's process tree was last seen gone after ``t`` (None: not seen)."""
 
 
 def profile_view(profile, where: str) -> ClusterView:
@@ -93,6 +110,8 @@ class Backend(abc.ABC):
     embedded: "EmbeddedCluster | None" = None
     #: the harness's own emulated Kubernetes cluster (chaos.embedded.kubernetes), under --chaos-kubernetes
     embedded_kubernetes: "EmbeddedKubernetes | None" = None
+    #: control of the cluster's head, for the head faults
+    head: HeadControl | None = None
 
     def __init__(self, profile: "Profile | None" = None, safety: SafetySettings | None = None):
         """``profile``: the cluster's profile, whose safety section applies; without one,
@@ -105,6 +124,9 @@ class Backend(abc.ABC):
         self.head_node_id: str | None = None
         self.properties: dict = {}  # environment.properties for the report, set when opened
         self.reporter = Reporter()
+        #: set while a fault that takes the head away is armed: the health guard, which counts
+        #: nodes in the head's table, holds (the fault's own deadlines bound the wait)
+        self.head_away = threading.Event()
         self._hosts: dict[str, Host] = {}
         self._hosts_lock = threading.Lock()
 
@@ -244,6 +266,9 @@ class Backend(abc.ABC):
 
         def watch():
             while not stop.wait(1.0):
+                if self.head_away.is_set():
+                    guard.hold()
+                    continue
                 reason = guard.observe()
                 if reason:
                     on_abort(f"stop condition: {reason}")

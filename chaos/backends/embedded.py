@@ -11,6 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import psutil
 import ray
 
 from chaos.backends.base import Backend, Host, ray_node_info
@@ -35,14 +36,19 @@ class EmbeddedBackend(Backend):
         return profile is None
 
     def __init__(self, profile: None = None, config: "EmbeddedConfig | None" = None,
-                 storage_path: str = "reports/storage"):
+                 storage_path: str = "reports/storage", head_faults: bool = False):
         """``profile``: None, as for every backend the registry's ``for_profile`` builds (the
-        embedded cluster has no profile)."""
+        embedded cluster has no profile).  ``head_faults``: a cluster for the head faults, whose
+        head may be hit (the ``head`` capability; its config restarts the head)."""
         from chaos.embedded.cluster import EmbeddedConfig
 
         self.config = config or EmbeddedConfig()
-        # The harness's own cluster: every worker may be hit, the head never.
-        super().__init__(profile, safety=SafetySettings(allow_all_workers=True, max_live_faults=self.config.workers))
+        if head_faults and not self.config.head_recovery:
+            raise ValueError("head_faults needs head_recovery: a head fault's cluster starts its head again")
+        self.head_faults = head_faults
+        # The harness's own cluster: every worker may be hit; the head only on a head-fault cluster.
+        super().__init__(profile, safety=SafetySettings(allow_all_workers=True, allow_head=head_faults,
+                                                        max_live_faults=self.config.workers))
         self._storage_path = storage_path
 
     @property
@@ -60,9 +66,12 @@ class EmbeddedBackend(Backend):
         self.embedded = EmbeddedCluster(self.config).up()
         self.reporter.say(f"embedded cluster up in {time.monotonic() - t0:.1f} s: {self.embedded.dashboard_url}")
         self.properties = _properties(self.embedded)
+        if self.head_faults:
+            self.head = EmbeddedHead(self.embedded)
         return ClusterView(self.embedded.dashboard_url, self.embedded.gcs_address, self.embedded.head_ip)
 
     def _close(self) -> None:
+        self.head = None
         if self.embedded is not None:
             self.embedded.down()
             self.embedded = None
@@ -100,6 +109,58 @@ class EmbeddedBackend(Backend):
         """Until healthy_workers says so: right after a kill the cluster's own record (the
         supervisor's node ids, the dashboard's table) can still show the dead node alive."""
         poll_until(self.healthy_workers, timeout, "every embedded worker host to run a live node again", interval=0.3)
+
+
+class EmbeddedHead:
+    """The ``head`` capability of a head-fault cluster (chaos.backends.base.HeadControl): its
+    head is on a test host of its own (or, without root, a local process tree), started again
+    when it goes, as Kubernetes restarts a head container."""
+
+    def __init__(self, cluster: "EmbeddedCluster"):
+        self.cluster = cluster
+
+    @property
+    def gcs_ft(self) -> bool:
+        return self.cluster.redis is not None
+
+    def kill_gcs(self) -> str:
+        return f"gcs_server (pid {self.cluster.kill_gcs()}) SIGKILLed"
+
+    def power_cycle(self) -> str:
+        return f"{len(self.cluster.kill_head())} processes of the head SIGKILLed at once"
+
+    def restart_redis(self) -> str:
+        return f"redis-server (pid {self.cluster.restart_redis()}) SIGKILLed and started again"
+
+    def boot_id(self) -> str | None:
+        th = self.cluster.head_testhost
+        return th.boot_id if th is not None else None
+
+    def driver_alive(self, pid: int) -> bool | None:
+        """Ray reports the PID the driver sees: on a test-host head, a PID in the host's own PID
+        namespace, found among the host's processes here."""
+        th = self.cluster.head_testhost
+        here = [pid] if th is None else [p for p in th.namespace_pids() if _namespace_pid(p) == pid]
+        for p in here:
+            try:
+                return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                continue
+        return False
+
+    def went_down_after(self, t: float) -> float | None:
+        return next((e["t"] for e in self.cluster.head_history if e["event"] == "down" and e["t"] >= t), None)
+
+
+def _namespace_pid(pid: int) -> int | None:
+    """A process's PID in its own (innermost) PID namespace (psutil has no NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next((ln for ln in f if ln.startswith("NSpid:")), "")
+    except OSError:
+        return None
+    fields = line.split()[1:]
+    return int(fields[-1]) if fields else None
 
 
 def _properties(cluster: "EmbeddedCluster") -> dict:

@@ -100,10 +100,9 @@ class EmbeddedConfig:
     #: a head that exits is started again on the same address and ports after
     #: ``recovery_delay_s``, as Kubernetes restarts a head container (or a VM boots again).
     head_recovery: bool = True
-    #: "local": the head is this machine's `ray start --head` process tree (the harness is a
-    #: Ray driver on its raylet); "testhost" (namespaces mode): the head is a test host of its
-    #: own, so a head reboot is a real power cycle with a new boot id — only for experiments
-    #: that are no Ray driver (head loss): a driver needs a raylet on its own machine.
+    #: "local": the head is this machine's `ray start --head` process tree; "testhost"
+    #: (namespaces mode): the head is a test host of its own, so a head reboot is a real power
+    #: cycle with a new boot id (the head-fault clusters; one test host more to start).
     head_host: str = "local"
 
     def __post_init__(self):

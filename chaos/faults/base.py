@@ -63,6 +63,9 @@ class Fault(abc.ABC):
     kills_node: ClassVar[bool] = True
     #: whether the fault is disarmed as soon as it is detected (it would hit every new attempt otherwise)
     one_shot: ClassVar[bool] = False
+    #: whether the fault takes the head away for a while: the node table, the Jobs API and the
+    #: recorder's event log go with it (the health guard holds, losing the event log is no error)
+    loses_the_head: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -96,6 +99,11 @@ class Fault(abc.ABC):
         """Environment the run must be started with for this fault to be injectable."""
         return {}
 
+    def detection(self, target: Target) -> str:
+        """What detecting the fault means, for the report's step and the wait's message."""
+        return (f"Ray to mark node {target.node_id[:8]} ({target.node_ip}) DEAD" if self.kills_node
+                else f"Train to see rank {target.rank} fail")
+
     def detected(self, events: list[Event], target: Target, fault_t: float) -> Event | None:
         """The event that shows Ray noticed the fault: the node marked DEAD, or for a fault
         that leaves the node up, Train seeing a rank fail.
@@ -113,6 +121,13 @@ class Fault(abc.ABC):
 
     def after_detect(self, ctx: FaultContext, inj: Injection) -> None:
         """Fault-specific waits after detection (e.g. a rebooted host answering again)."""
+
+    def run_fate(self, inj: Injection) -> str:
+        """What the run under test does after this injection, once ``after_detect`` returned:
+        ``continues`` (Train restarts it, or it never stopped), ``resubmit`` (its driver is gone:
+        the harness submits it again, as a RayJob's retry does) or ``lost`` (nothing is left to
+        recover: the verdicts judge what happened)."""
+        return "continues"
 
     def revert_plan(self, inj: Injection) -> dict:
         """How to undo this fault, written to the ledger before injecting; `sweep` reads it."""

@@ -113,6 +113,11 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # failing until the node reboots): detection is the agent's, recovery a node reboot or
     # replacement, the charge whatever Ray makes of both (timing-dependent: README).
     FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, not_drawn="arms-the-run"),
+    # The head (chaos/faults/head.py): no budget is charged — with GCS fault tolerance the run
+    # is lost with its driver and resubmitted, without it the cluster is lost (README).
+    FaultKind("gcs-kill", None, needs="head", not_drawn="loses-the-run"),
+    FaultKind("head-reboot", None, needs="head", not_drawn="loses-the-run"),
+    FaultKind("redis-restart", None, needs="head", not_drawn="loses-the-run"),
 )}
 
 

@@ -35,13 +35,16 @@ class EventLog:
     """Follows one run's events file into ``timeline`` until ``drain``."""
 
     def __init__(self, cluster: ClusterView, name: str, timeline: Timeline, lost_after_s: float | None = 60.0,
-                 look_every_s: float = 0.5, on_found: Callable[[str], None] | None = None):
+                 look_every_s: float = 0.5, on_found: Callable[[str], None] | None = None,
+                 transform: Callable[[Event], Event] | None = None):
         """``on_found(node_id)`` runs once, when the file is first found, before any event is
         taken (the run measures that node's clock offset there).  ``lost_after_s``: how long
-        the file may be out of reach once events came before the timeline is aborted (None:
-        never — where losing it is an outcome under test, as a head loss)."""
+        the file may be out of reach once events came before the timeline is aborted.
+        ``transform``: each event as the timeline takes it (a resubmission's: as more attempts
+        of the run it continues, chaos.train.run.continuation)."""
         self.cluster, self.name, self.timeline = cluster, name, timeline
         self.on_found = on_found
+        self.transform = transform
         self.filename = f"{EVENTS_LOG_DIR}/{name}.jsonl"
         self.lost_after_s = lost_after_s
         self.look_every_s = look_every_s
@@ -123,7 +126,8 @@ class EventLog:
                 except (ValueError, KeyError, TypeError) as e:
                     raise UnreadableEvent(f"line {seen} of the recorder's event log {self.filename} is no event "
                                        f"({type(e).__name__}: {e}): {raw[:200]!r}") from e
-                self.timeline.add(dataclasses.replace(event, t=self.timeline.from_head(event.t)))
+                event = dataclasses.replace(event, t=self.timeline.from_head(event.t))
+                self.timeline.add(self.transform(event) if self.transform else event)
                 self._taken += 1
 
     def drain(self, timeout_s: float = 10.0) -> None:

@@ -14,6 +14,7 @@ import logging
 import shlex
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -21,7 +22,7 @@ from typing import Callable
 import chaos
 from chaos.cluster import ClusterView
 from chaos.errors import WaitTimeout, WorkloadError
-from chaos.timeline import Event, Timeline
+from chaos.timeline import Event, Timeline, latest_run
 from chaos.triggers import run_ended
 from chaos.waits import poll_until
 from chaos.train.eventlog import EventLog
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 RECORDER = "chaos.train.recorder.Recorder"
 TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
+UNREACHABLE_S = 180.0  # how long a job's status may be unreadable (its head away) before it counts as ended
 
 
 @dataclasses.dataclass
@@ -95,9 +97,44 @@ def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
     return renv
 
 
+@dataclasses.dataclass
+class Submission:
+    """One job of a run: the first, or a resubmission after its driver was lost."""
+
+    job_id: str
+    log_path: Path
+    events: EventLog | None = None
+    tail: threading.Thread | None = None
+    log_complete: bool = False  # the whole log was fetched at the end: the follower stops writing
+    end_seen: bool = False  # job_finished is emitted once, by whichever path sees the end first
+    abandoned: bool = False  # its driver was lost and the run resubmitted: its end is no event
+    ray_job_id: str | None = None  # Ray's id of its driver, once read
+    given_up: threading.Event = dataclasses.field(default_factory=threading.Event)  # abandoned: stop looking
+
+
+def continuation(timeline: Timeline) -> Callable[[Event], Event]:
+    """How a resubmission's recorder events join the timeline: as more attempts of the run
+    whose driver was lost (its run id; attempts numbered on from its last), which is what a
+    resubmission is to whoever waits on the training (a RayJob's retry) — so every verdict
+    judges the resubmission's first attempt as a restart of that run.  The resubmission's own
+    Train run id is kept as ``train_run_id``."""
+    lost = latest_run(timeline.events)
+    offset = max((e.attempt for e in timeline.events if e.source == "recorder" and e.attempt is not None
+                  and e.data.get("run_id") == lost), default=-1) + 1
+
+    def join(event: Event) -> Event:
+        data = {**event.data, "train_run_id": event.data.get("run_id"), "run_id": lost}
+        if event.attempt is not None:
+            data["attempt"] = event.attempt + offset
+        return dataclasses.replace(event, data=data)
+
+    return join
+
+
 class Run:
     """``clock(node_id)``: (that node's clock - this machine's, round trip), measured before
-    its events are taken (the recorder stamps them on the controller's node)."""
+    its events are taken (the recorder stamps them on the controller's node).  A run whose
+    driver a fault took is resubmitted (``resubmit``): the run then goes on in a new job."""
 
     def __init__(self, spec: RunSpec, cluster: ClusterView, timeline: Timeline, log_dir: Path,
                  extra_env: dict[str, str] | None = None,
@@ -107,15 +144,27 @@ class Run:
         self.dashboard_url = cluster.dashboard_url
         self.clock = clock
         self.timeline = timeline
-        self.job_id = f"chaos-{spec.name}-{uuid.uuid4().hex[:6]}"
-        self.log_path = Path(log_dir) / f"{self.job_id}.log"
+        self.log_dir = Path(log_dir)
         self.extra_env = dict(extra_env or {})
-        self._events: EventLog | None = None
-        self._tail: threading.Thread | None = None
+        self.submissions: list[Submission] = [self._new_submission()]
         self._client = None
         self._log_lock = threading.Lock()
-        self._log_complete = False  # the whole log was fetched at the end: the follower stops writing
-        self._job_end_seen = False  # job_finished is emitted once, by whichever path sees the end first
+
+    def _new_submission(self) -> Submission:
+        job_id = f"chaos-{self.spec.name}-{uuid.uuid4().hex[:6]}"
+        return Submission(job_id, self.log_dir / f"{job_id}.log")
+
+    @property
+    def current(self) -> Submission:
+        return self.submissions[-1]
+
+    @property
+    def job_id(self) -> str:
+        return self.current.job_id
+
+    @property
+    def log_path(self) -> Path:
+        return self.current.log_path
 
     @property
     def client(self):
@@ -128,52 +177,88 @@ class Run:
     def runtime_env(self) -> dict:
         return runtime_env(self.spec, {ENV_EVENTS_LOG: self.job_id, **self.extra_env})
 
-    def submit(self) -> "Run":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=self.job_id,
+    def submit(self, transform: Callable[[Event], Event] | None = None, **facts) -> "Run":
+        sub = self.current
+        sub.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.client.submit_job(entrypoint=self.spec.entrypoint, submission_id=sub.job_id,
                                runtime_env=self.runtime_env())
-        self.timeline.emit("harness", "job_submitted", job_id=self.job_id, entrypoint=self.spec.entrypoint)
-        self._events = EventLog(self.cluster, self.job_id, self.timeline, on_found=self._measure_clock).start()
-        self._tail = threading.Thread(target=self._follow_logs, name=f"logs-{self.job_id}", daemon=True)
-        self._tail.start()
+        self.timeline.emit("harness", "job_submitted", job_id=sub.job_id, entrypoint=self.spec.entrypoint, **facts)
+        sub.events = EventLog(self.cluster, sub.job_id, self.timeline, on_found=self._measure_clock,
+                              transform=transform).start()
+        sub.tail = threading.Thread(target=self._follow_logs, args=(sub,), name=f"logs-{sub.job_id}", daemon=True)
+        sub.tail.start()
         return self
 
-    def _follow_logs(self) -> None:
+    def resubmit(self, why: str) -> str:
+        """Give up the current job (its driver is gone: ``why``) and submit the run again under
+        the same name and storage, so Train restores its latest committed checkpoint — what a
+        RayJob's retry does.  Returns the new job's id."""
+        lost = self.current
+        with self._log_lock:
+            lost.abandoned = True
+        lost.given_up.set()
+        try:
+            self.client.stop_job(lost.job_id)
+        except Exception as e:  # the Jobs API may keep calling a driverless job RUNNING, or not know it
+            log.warning("could not stop the abandoned job %s: %s", lost.job_id, e)
+        self.timeline.emit("harness", "job_abandoned", job_id=lost.job_id, why=why)
+        if lost.events is not None:
+            lost.events.drain()
+        self.submissions.append(self._new_submission())
+        self.submit(transform=continuation(self.timeline), resubmits=lost.job_id)
+        return self.job_id
+
+    def head_may_go(self) -> None:
+        """A fault is about to take the head away: the event log out of reach is then an
+        outcome under test, never a reason to abort the waits."""
+        if self.current.events is not None:
+            self.current.events.lost_after_s = None
+
+    def _follow_logs(self, sub: Submission) -> None:
         async def follow():
-            with open(self.log_path, "a") as f:
-                async for chunk in self.client.tail_job_logs(self.job_id):
+            with open(sub.log_path, "a") as f:
+                async for chunk in self.client.tail_job_logs(sub.job_id):
                     with self._log_lock:
-                        if self._log_complete:
+                        if sub.log_complete or sub.abandoned:
                             return
                         f.write(chunk)
                         f.flush()
 
         # The stream can also end because the websocket dropped: re-follow until the job's
-        # status is terminal, and always say how it ended (never leave the waits hanging).
+        # status is terminal, and always say how it ended (never leave the waits hanging).  A
+        # head that is away (a head fault) is waited for, a second between looks, for up to
+        # UNREACHABLE_S: its job has not ended because nobody can say so.
         status, message = "UNKNOWN", ""
-        for _ in range(20):
-            if self._log_complete:
-                break
+        streams, unreachable_since = 0, None
+        while streams < 20 and not (sub.log_complete or sub.abandoned):
             try:
                 asyncio.run(follow())
             except Exception as e:
-                log.warning("log stream of %s broke: %s", self.job_id, e)
+                log.warning("log stream of %s broke: %s", sub.job_id, e)
             try:
-                info = self.client.get_job_info(self.job_id)
+                info = self.client.get_job_info(sub.job_id)
                 status, message = str(info.status.value), info.message
             except Exception as e:
                 status, message = "UNKNOWN", f"could not read the job's status: {e}"
+                if "does not exist" in str(e):  # a head back with an empty GCS: the job is gone
+                    break
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > UNREACHABLE_S:
+                    break
+                sub.given_up.wait(1.0)
                 continue
+            unreachable_since = None
             if status in TERMINAL_JOB_STATES:
                 break
-        self._job_ended(status, message)
+            streams += 1
+        self._job_ended(sub, status, message)
 
-    def _job_ended(self, status: str, message: str) -> None:
+    def _job_ended(self, sub: Submission, status: str, message: str) -> None:
         with self._log_lock:
-            if self._job_end_seen:
+            if sub.end_seen or sub.abandoned:
                 return
-            self._job_end_seen = True
-        self.timeline.emit("harness", "job_finished", job_id=self.job_id, status=status, message=message)
+            sub.end_seen = True
+        self.timeline.emit("harness", "job_finished", job_id=sub.job_id, status=status, message=message)
 
     def status(self) -> str | None:
         """The Jobs API's status of the job now (None when it cannot be read)."""
@@ -183,12 +268,23 @@ class Run:
             log.warning("could not read the status of job %s: %s", self.job_id, e)
             return None
 
-    def ray_job_id(self) -> str | None:
-        """Ray's id (hex) of the job's driver; None where it was never submitted or started
-        no driver."""
+    def ray_job_ids(self) -> list[str]:
+        """Ray's ids (hex) of the drivers of every job of the run that started one; read while
+        the cluster still knows them (``note_ray_job_id``), else now."""
         if not self.timeline.of("job_submitted"):
-            return None
-        return self.client.get_job_info(self.job_id).job_id
+            return []
+        for sub in self.submissions:
+            if sub.ray_job_id is None:
+                sub.ray_job_id = self.client.get_job_info(sub.job_id).job_id
+        return [sub.ray_job_id for sub in self.submissions if sub.ray_job_id]
+
+    def note_ray_job_id(self) -> None:
+        """Read the current job's Ray id now, while its cluster knows it (a fault may lose the
+        cluster's tables with its head); best effort."""
+        try:
+            self.current.ray_job_id = self.client.get_job_info(self.job_id).job_id
+        except Exception as e:
+            log.warning("could not read the Ray job id of %s: %s", self.job_id, e)
 
     def _terminal_status(self) -> tuple[tuple[str, str] | None, str]:
         info = self.client.get_job_info(self.job_id)
@@ -205,12 +301,14 @@ class Run:
     def wait_training_started(self, timeout: float) -> Event:
         """Wait for the first report; a job that dies first is a WorkloadError with its log tail."""
         try:
-            return self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "report"), None), timeout,
-                                          "the first training report", abort=self._finished_reason)
+            first = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "report"), None), timeout,
+                                           "the first training report", abort=self._finished_reason)
         except WaitTimeout as e:
             raise WorkloadError(
                 f"the workload did not start training: {e}\njob {self.job_id} log tail ({self.log_path}):\n{self.log_tail()}"
             ) from e
+        self.note_ray_job_id()
+        return first
 
     def wait_finished(self, timeout: float, driver_exit_s: float) -> Event:
         """Wait until the job has ended, then collect every recorder event still in flight.
@@ -219,25 +317,27 @@ class Run:
         directly: Ray's log stream ends only on its own 1 s polls, seconds after the job did."""
         end = self.timeline.wait_for(run_ended, timeout, f"the run of job {self.job_id} to finish")
         if end.kind == "run_finished":
-            self._job_ended(*poll_until(self._terminal_status, driver_exit_s,
-                                        f"job {self.job_id} to end after its Train run finished", interval=0.2))
+            self._job_ended(self.current, *poll_until(self._terminal_status, driver_exit_s,
+                                                      f"job {self.job_id} to end after its Train run finished",
+                                                      interval=0.2))
         job = self.timeline.wait_for(lambda ev: next((e for e in ev if e.kind == "job_finished"), None), timeout,
                                      f"job {self.job_id} to finish")
-        if self._events is not None:
-            self._events.drain()
+        if self.current.events is not None:
+            self.current.events.drain()
         return job
 
     def _fetch_whole_log(self) -> bool:
         """An ended job's whole log in one call, in place of what the follower streamed (its
         stream would end only on Ray's next polls); False if it cannot be read."""
+        sub = self.current
         try:
-            text = self.client.get_job_logs(self.job_id)
+            text = self.client.get_job_logs(sub.job_id)
         except Exception as e:
-            log.warning("could not read the log of job %s: %s", self.job_id, e)
+            log.warning("could not read the log of job %s: %s", sub.job_id, e)
             return False
         with self._log_lock:
-            self._log_complete = True
-            self.log_path.write_text(text)
+            sub.log_complete = True
+            sub.log_path.write_text(text)
         return True
 
     def log_tail(self, lines: int = 30) -> str:
@@ -256,15 +356,16 @@ class Run:
     # -- cleanup -----------------------------------------------------------------
     def stop(self) -> None:
         """Stop the job if it still runs and collect the last events."""
+        sub = self.current
         ended = False
         try:
-            status = self.client.get_job_status(self.job_id)
+            status = self.client.get_job_status(sub.job_id)
             ended = str(status.value) in TERMINAL_JOB_STATES
             if not ended:
-                self.client.stop_job(self.job_id)
+                self.client.stop_job(sub.job_id)
         except Exception as e:
-            log.warning("could not stop job %s: %s", self.job_id, e)
-        if not (ended and self._fetch_whole_log()) and self._tail is not None:
-            self._tail.join(timeout=30)
-        if self._events is not None:
-            self._events.drain()
+            log.warning("could not stop job %s: %s", sub.job_id, e)
+        if not (ended and self._fetch_whole_log()) and sub.tail is not None:
+            sub.tail.join(timeout=30)
+        if sub.events is not None:
+            sub.events.drain()

@@ -1,112 +1,300 @@
-"""Head loss without a cluster: the resubmission verdict, the outcome verdict, head fault
-names, its reports — and the real Redis the GCS fault tolerance runs on."""
+"""Head faults without a cluster (chaos.faults.head): a resubmission judged as the lost run's
+next attempt, the outcome from recorded facts, the head-loss verdicts, the guard and the
+event log while the head is away — and the real Redis the GCS fault tolerance runs on."""
 
-import dataclasses
-import json
-import os
 import shutil
 import socket
 import subprocess
+import threading
 import types
 
 import psutil
 import pytest
 
-from chaos import summary
 from chaos.embedded.redis import RedisServer, ping, redis_binary
-from chaos.errors import ClusterError, VerificationError
-from chaos.head_loss import OUTCOMES, HeadLoss, HeadLossExperiment, _namespace_pid, head_fault
+from chaos.errors import ClusterError
+from chaos.faults.base import FaultContext, Injection
+from chaos.faults.head import FATES, OUTCOMES, GcsKill, HeadReboot, RedisRestart
 from chaos.plot import plot_data
-from chaos.report import Reporter
-from chaos.timeline import Timeline
-from chaos.verify import Verdict, head_loss_outcome, reports_resumed, resumed_after_resubmission, workers_after_head_loss
+from chaos.timeline import Event, Timeline, recovery_metrics
+from chaos.train.run import continuation
+from chaos.verify import (DIAGNOSES, Expectation, head_loss_outcome, recovery_time, resumed_from_latest,
+                          verdicts_for, workers_after_head_loss)
 from timelines import Script
 
 
-def resubmitted(first_step_after):
-    """A run lost after checkpoint 10 (steps to 12), resubmitted as a new run starting at ``first_step_after``."""
+# -- a resubmission is the lost run's next attempt -------------------------------------
+def resubmitted(first_step, fault_t_dt=0.2, report=True):
+    """Attempt 0 of run1 to step 12 (checkpoints 5, 10), a head fault, and a resubmission (a
+    new Train run, run2, attempts from 0) joined through ``continuation`` as the harness does."""
     s = Script().start_attempt().steps(1, 12)
-    s.new_run().start_attempt().steps(first_step_after, 20).finish()
-    return s.timeline()
+    lost = s.timeline()
+    t = s.t + fault_t_dt
+    lost.emit("fault", "fault_injected", t=t, fault="gcs-kill", ledger_id="h1", target={"node_id": "head"})
+    lost.emit("cluster", "head_unreachable", t=t + 0.3)
+    lost.emit("fault", "fault_detected", t=t + 0.3, ledger_id="h1", by="head_unreachable")
+    lost.emit("cluster", "head_reachable", t=t + 11.0)
+    join = continuation(lost)
+    again = Script().new_run("run2")
+    again.t = t + 20.0
+    again.events.clear()
+    again.new_run("run2").start_attempt()
+    if report:
+        again.steps(first_step, 20).finish()
+    for e in again.events:
+        lost.add(join(e))
+    return lost
 
 
 def test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes():
-    [v] = resumed_after_resubmission(resubmitted(11), "run1", "run2")
-    assert v.status == "pass", v.line()
+    tl = resubmitted(11)
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass" and v.name == "resumed-from-latest (attempt 1)", v.line()
     assert v.evidence["latest_checkpoint_step"] == 10 and v.evidence["first_step_of_attempt"] == 11
-    assert v.evidence["lost_run"] == "run1" and v.evidence["new_run"] == "run2"
+    second = [e for e in tl.of("controller_started")][1]
+    assert second.data["run_id"] == "run1" and second.data["train_run_id"] == "run2"
+    assert {e.attempt for e in tl.of("attempt_started")} == {0, 1}
 
 
-def test_a_resubmission_that_starts_from_scratch_fails():
-    [v] = resumed_after_resubmission(resubmitted(1), "run1", "run2")
+def test_twin_a_resubmission_that_starts_from_scratch_fails():
+    [v] = resumed_from_latest(resubmitted(1))
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
 
 
-def test_a_resubmission_that_was_never_recorded_is_unverifiable():
-    [v] = resumed_after_resubmission(Script().start_attempt().steps(1, 12).timeline(), "run1", "run2")
-    assert v.status == "unverifiable" and "run2" in v.message
+def test_the_resubmissions_first_report_is_the_recovery_and_one_run_is_judged():
+    tl = resubmitted(11)
+    [m] = recovery_metrics(tl)
+    assert m.recovered_attempt == 1 and round(m.time_to_detect, 3) == 0.3 and m.time_to_recover > 20
+    expect = Expectation(charged={}, slo_detect_s=30, slo_recover_s=120)
+    named = {v.name.split(" (")[0]: v for v in verdicts_for(tl, expect)}
+    assert named["run-finished"].status == "pass" and named["within-budget"].status == "pass", named
+    assert named["recovery-time"].status == "pass", named["recovery-time"].line()
 
 
-def lost_then_resubmitted(started):
-    """A run lost after checkpoint 10 (steps to 12), resubmitted as a new run that errored
-    before its worker group started (``started`` False) or started one attempt resuming at 11."""
-    s = Script().start_attempt().steps(1, 12).new_run()
-    return (s.start_attempt().steps(11, 20).finish() if started else s.finish("ERRORED")).timeline()
+def test_twin_a_resubmission_that_never_reported_never_recovered():
+    tl = resubmitted(11, report=False)
+    [m] = recovery_metrics(tl)
+    assert m.time_to_recover is None
+    [v] = recovery_time(tl, Expectation(charged={}, slo_detect_s=30, slo_recover_s=120))
+    assert v.status == "fail", v.line()
 
 
-def test_a_restart_inside_the_lost_run_is_not_the_resubmission_resume():
-    # the lost run restarted once on its own (resumed right), then lost its driver; the
-    # resubmission started an attempt and never reported: nothing says how it resumed
-    s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 14)
-         .new_run().start_attempt())
-    [v] = resumed_after_resubmission(s.finish("ERRORED").timeline(), "run1", "run2")
-    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no attempt after resubmission", v.line()
-    assert v.message == "unverifiable: the resubmitted run started an attempt but never reported"
+# -- what became of the run, from recorded facts -----------------------------------------
+class FakeJobs:
+    """The Jobs API as the fault reads it: a status, or the 404 of a head that forgot the job."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def get_job_status(self, job_id):
+        if self.status is None:
+            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+        return types.SimpleNamespace(value=self.status)
+
+    def get_job_info(self, job_id):
+        return types.SimpleNamespace(driver_info=types.SimpleNamespace(pid=4242))
 
 
-def test_a_resubmission_that_never_started_an_attempt_is_unverifiable():
-    [v] = resumed_after_resubmission(lost_then_resubmitted(started=False), "run1", "run2")
-    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no attempt after resubmission", v.line()
-    assert v.message == "unverifiable: the resubmitted run never started an attempt"
-    assert v.evidence == {"new_run": "run2"}
+class FakeHead:
+    """The ``head`` capability (chaos.backends.base.HeadControl) with a driver that is ``alive``."""
+
+    def __init__(self, gcs_ft, alive=False, boots=("a" * 36, "b" * 36)):
+        self.gcs_ft, self.alive, self.boots, self.did = gcs_ft, alive, list(boots), []
+
+    def kill_gcs(self):
+        self.did.append("gcs")
+        return "gcs_server (pid 7) SIGKILLed"
+
+    def power_cycle(self):
+        self.did.append("power")
+        return "12 processes of the head SIGKILLed at once"
+
+    def restart_redis(self):
+        self.did.append("redis")
+        return "redis-server (pid 9) SIGKILLed and started again"
+
+    def boot_id(self):
+        return self.boots.pop(0) if len(self.boots) > 1 else self.boots[0]
+
+    def driver_alive(self, pid):
+        return self.alive
+
+    def went_down_after(self, t):
+        return t + 0.2
 
 
-def test_a_resubmission_with_one_attempt_is_judged_as_the_lost_runs_next_attempt():
-    [v] = resumed_after_resubmission(lost_then_resubmitted(started=True), "run1", "run2")
-    assert v.status == "pass" and v.name == "resumed-from-latest (resubmission, attempt 1)", v.line()
-    assert v.evidence["attempt_offset"] == 1 and v.evidence["latest_checkpoint_step"] == 10
+class FakeCluster:
+    dashboard_url = "http://127.0.0.1:1"
+
+    def __init__(self, workers_after=None):
+        self.calls = 0
+        self.after = workers_after
+
+    def alive_workers(self):
+        self.calls += 1
+        ids = self.after if (self.after is not None and self.calls > 1) else ["w1", "w2"]
+        return [types.SimpleNamespace(node_id=n, ip=f"198.18.0.{i}") for i, n in enumerate(ids, 2)]
+
+    def nodes(self):
+        return [types.SimpleNamespace(node_id="old-head", ip="198.18.0.1", is_head=True, alive=False),
+                types.SimpleNamespace(node_id="head", ip="198.18.0.1", is_head=True, alive=True)]
 
 
-def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True):
-    return HeadLoss(fault="gcs-kill", gcs_ft=gcs_ft, outcome=outcome, diagnosis=diagnosis, t_fault=0.0,
-                    head_down_s=0.1, head_up_s=11.0, job_id="j", job_status_after="RUNNING", driver_pid=1,
-                    driver_alive_after=False, workers_before={}, workers_after={}, head_boot_ids=[], head_history=[])
+def head_fault(fault, monkeypatch, *, status="RUNNING", gcs_ft=True, alive=False, back=True, reports_after=(),
+               workers_after=None):
+    """Inject ``fault`` into a fake head and run its detection and after_detect on a timeline
+    fed as the watcher would: the head unreachable, then (``back``) reachable again."""
+    import chaos.faults.head as head_mod
+
+    monkeypatch.setattr(head_mod, "_jobs", lambda ctx: FakeJobs(status))
+    tl = Timeline()
+    tl.emit("harness", "job_submitted", job_id="job-1")
+    head = FakeHead(gcs_ft, alive)
+    backend = types.SimpleNamespace(head=head, head_node_id="head", label="embedded-namespaces")
+    ctx = FaultContext(cluster=FakeCluster(workers_after), timeline=tl, backend=backend)
+    inj = Injection(fault, fault.resolve(ctx), host=None, ledger_id="h1")
+    assert inj.target.node_id == "head"  # the live head, not one from before an earlier head fault
+    inj.t = tl.emit("fault", "fault_injected", fault=fault.kind, ledger_id="h1").t
+    fault.inject(ctx, inj)
+    tl.emit("cluster", "head_unreachable", error="connection refused")
+    assert fault.detected(tl.events, inj.target, inj.t).kind == "head_unreachable"
+    if back:
+        tl.emit("cluster", "head_reachable")
+    for step in reports_after:
+        tl.emit("recorder", "report", step=step)
+    fault.after_detect(ctx, inj)
+    [loss] = tl.of("head_loss")
+    return inj, loss.data, head
+
+
+FAST = dict(back_timeout_s=0.5, settle_s=0.1, replaced_timeout_s=0.5)
+
+
+def test_a_dead_driver_with_fault_tolerance_is_a_lost_driver_whatever_the_jobs_api_says(monkeypatch):
+    inj, loss, head = head_fault(GcsKill(**FAST), monkeypatch)
+    assert head.did == ["gcs"] and loss["outcome"] == "driver-lost" and loss["job_status_after"] == "RUNNING"
+    assert "the Jobs API says RUNNING" in loss["diagnosis"] and loss["driver_pid"] == 4242
+    assert loss["workers_before"] == loss["workers_after"] and loss["head_boot_ids"] == ["a" * 36, "b" * 36]
+    assert GcsKill().run_fate(inj) == "resubmit"
+
+
+def test_reports_after_the_head_came_back_mean_the_run_continued(monkeypatch):
+    inj, loss, _ = head_fault(HeadReboot(**FAST), monkeypatch, reports_after=[7])
+    assert loss["outcome"] == "continued" and "step 7 reported" in loss["diagnosis"]
+    assert HeadReboot().run_fate(inj) == "continues"
+
+
+def test_a_head_that_forgot_the_job_is_a_lost_cluster_and_the_workers_come_back_new(monkeypatch):
+    inj, loss, _ = head_fault(HeadReboot(**FAST), monkeypatch, status=None, gcs_ft=False, workers_after=["w3", "w4"])
+    assert loss["outcome"] == "cluster-lost" and loss["diagnosis"].startswith("cluster lost: no GCS fault tolerance")
+    assert set(loss["workers_after"]) == {"w3", "w4"} and HeadReboot().run_fate(inj) == "lost"
+    _, loss, _ = head_fault(GcsKill(**FAST), monkeypatch, status=None, gcs_ft=True)
+    assert loss["outcome"] == "cluster-lost" and "although fault tolerance is on" in loss["diagnosis"]
+
+
+def test_a_head_that_never_came_back(monkeypatch):
+    _, loss, _ = head_fault(GcsKill(**FAST), monkeypatch, gcs_ft=False, back=False)
+    assert loss["outcome"] == "cluster-lost" and "did not answer again within 0 s" in loss["diagnosis"]
+    inj, loss, _ = head_fault(GcsKill(**FAST), monkeypatch, gcs_ft=True, back=False)
+    assert loss["outcome"] is None and "nothing could be established" in loss["diagnosis"]
+    assert GcsKill().run_fate(inj) == "lost"
+
+
+def test_a_live_driver_without_reports_is_never_guessed(monkeypatch):
+    _, loss, _ = head_fault(GcsKill(**FAST), monkeypatch, alive=True)
+    assert loss["outcome"] is None and "driver pid 4242 alive" in loss["diagnosis"]
+
+
+def test_a_redis_restart_needs_fault_tolerance(monkeypatch):
+    from chaos.errors import InjectionError
+
+    with pytest.raises(InjectionError, match="without GCS fault tolerance: there is no Redis"):
+        head_fault(RedisRestart(**FAST), monkeypatch, gcs_ft=False)
+    _, loss, head = head_fault(RedisRestart(**FAST), monkeypatch)
+    assert head.did == ["redis"] and loss["outcome"] == "driver-lost"
+
+
+def test_every_outcome_has_a_fate():
+    assert set(FATES) == {*OUTCOMES, None} and set(FATES.values()) == {"continues", "resubmit", "lost"}
+
+
+# -- the head-loss verdicts ------------------------------------------------------------------
+def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True, **more):
+    return {"fault": "gcs-kill", "gcs_ft": gcs_ft, "outcome": outcome, "diagnosis": diagnosis,
+            "head_unreachable_s": 0.1, "head_up_s": 11.0, "head_boot_ids": [], **more}
 
 
 def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknown_one():
-    assert head_loss_outcome(loss("driver-lost"), "driver-lost").status == "pass"
-    wrong = head_loss_outcome(loss("continued", "the run continued: step 7"), "driver-lost")
+    assert head_loss_outcome(loss("driver-lost")).status == "pass"
+    wrong = head_loss_outcome(loss("continued", "the run continued: step 7"))
     assert wrong.status == "fail" and wrong.message.startswith("head loss: expected driver-lost, got continued")
-    unknown = head_loss_outcome(loss(None, "no outcome within 30 s"), "driver-lost")
-    assert unknown.status == "unverifiable"
-    lost = head_loss_outcome(loss("cluster-lost", "cluster lost: no GCS fault tolerance — ...", gcs_ft=False),
-                             "cluster-lost")
+    assert head_loss_outcome(loss("continued", "the run continued"), "continued").status == "pass"
+    unknown = head_loss_outcome(loss(None, "no outcome within 30 s"))
+    assert unknown.status == "unverifiable" and unknown.diagnosis == "unverifiable: no outcome"
+    lost = head_loss_outcome(loss("cluster-lost", "cluster lost: no GCS fault tolerance — ...", gcs_ft=False))
     assert lost.status == "expected" and lost.diagnosis == "cluster lost"
-    assert set(OUTCOMES) == {"continued", "driver-lost", "cluster-lost"}
+    twin = head_loss_outcome(loss("cluster-lost", "cluster lost: the GCS lost its tables ...", gcs_ft=True))
+    assert twin.status == "fail" and twin.diagnosis == "head loss: cluster-lost"
 
 
 def test_a_head_reboot_must_show_a_new_boot_id_when_the_head_is_a_test_host():
-    rebooted = dataclasses.replace(loss("driver-lost"), fault="head-reboot", head_boot_ids=["a" * 36, "b" * 36])
-    v = head_loss_outcome(rebooted, "driver-lost")
+    v = head_loss_outcome(loss("driver-lost", fault="head-reboot", head_boot_ids=["a" * 36, "b" * 36]))
     assert v.status == "pass" and "boot id aaaaaaaa → bbbbbbbb" in v.message
-    same = dataclasses.replace(rebooted, head_boot_ids=["a" * 36, "a" * 36])
-    v = head_loss_outcome(same, "driver-lost")
+    v = head_loss_outcome(loss("driver-lost", fault="head-reboot", head_boot_ids=["a" * 36, "a" * 36]))
     assert v.status == "fail" and v.message.startswith("head loss: expected the head's host to reboot")
 
 
-def test_unknown_head_fault_names_the_known_ones():
-    with pytest.raises(ValueError, match="known: gcs-kill, head-reboot, redis-restart"):
-        head_fault("head-explode")
+def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_without():
+    before = {"a" * 56: "127.0.1.2", "b" * 56: "127.0.1.3"}
+    assert workers_after_head_loss(loss("driver-lost", workers_before=before, workers_after=dict(before))).status \
+        == "pass"
+    assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before, workers_after=dict(before))).status \
+        == "fail"
+    v = workers_after_head_loss(loss("x", workers_before=before, workers_after={"a" * 56: "1", "c" * 56: "2"}))
+    assert v.status == "fail" and v.message.startswith("worker nodes after head loss: lost ['bbbbbbbb']")
+    renewed = {"c" * 56: "127.0.1.2", "d" * 56: "127.0.1.3"}
+    assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before, workers_after=renewed)).status \
+        == "pass"
+    assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before,
+                                        workers_after={"c" * 56: "1"})).status == "fail"
+    # nothing seen is not "all kept"
+    assert workers_after_head_loss(loss("x", workers_before={}, workers_after={})).status == "fail"
+
+
+def test_a_head_loss_is_judged_in_every_verdict_list_and_drawn_in_the_picture():
+    tl = resubmitted(11)
+    tl.emit("fault", "head_loss", **loss("driver-lost", workers_before={"w": "1"}, workers_after={"w": "1"}))
+    names = [v.name for v in verdicts_for(tl, Expectation(charged={}, slo_recover_s=120))]
+    assert names[:2] == ["head-loss (gcs-kill, GCS fault tolerance on)", "worker nodes after head loss (gcs-kill)"]
+    unfinished = [v.name for v in verdicts_for(tl, Expectation(charged={}), finished=False)]
+    assert unfinished[:2] == names[:2]
+    labels = [m.label for m in plot_data(tl).markers]
+    assert "head unreachable" in labels and "head reachable" in labels, labels
+    assert {"head loss: <outcome>", "cluster lost", "unverifiable: no outcome"} <= set(DIAGNOSES)
+
+
+# -- while the head is away ---------------------------------------------------------------------
+def test_the_health_guard_holds_while_a_head_fault_has_the_head_away():
+    """Its count needs the head's node table: while ``head_away`` is set it does not count the
+    cluster down (the head fault's deadlines bound that); once cleared it counts again."""
+    from chaos.backends.base import Backend
+    from chaos.profile import SafetySettings
+
+    class Unreachable(Backend):
+        name = "unreachable-test"
+        label = "test"
+        storage_path = "/tmp"
+        _open = _close = node_info = host_key = connect = _reach = healthy_workers = wait_healed = None
+
+    backend = Unreachable(safety=SafetySettings(min_alive_nodes=1, unhealthy_for_s=0))
+    backend.cluster = types.SimpleNamespace(alive_workers=lambda: (_ for _ in ()).throw(ClusterError("refused")))
+    aborted, stop = threading.Event(), threading.Event()
+    backend.head_away.set()
+    backend._guard(stop, lambda reason: aborted.set())
+    assert not aborted.wait(2.5)
+    backend.head_away.clear()
+    assert aborted.wait(5), "the guard never looked again once the head was back"
+    stop.set()
 
 
 # -- the real Redis ------------------------------------------------------------------
@@ -161,137 +349,3 @@ def test_missing_redis_names_what_to_install(monkeypatch):
         redis_binary()
 
 
-def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_without():
-    before = {"a" * 56: "127.0.1.2", "b" * 56: "127.0.1.3"}
-    kept = dataclasses.replace(loss("driver-lost"), workers_before=before, workers_after=dict(before))
-    assert workers_after_head_loss(kept, kept=True).status == "pass"
-    assert workers_after_head_loss(kept, kept=False).status == "fail"
-    one_lost = dataclasses.replace(kept, workers_after={"a" * 56: "127.0.1.2", "c" * 56: "127.0.1.3"})
-    v = workers_after_head_loss(one_lost, kept=True)
-    assert v.status == "fail" and v.message.startswith("worker nodes after head loss: lost ['bbbbbbbb']")
-    renewed = dataclasses.replace(kept, workers_after={"c" * 56: "127.0.1.2", "d" * 56: "127.0.1.3"})
-    assert workers_after_head_loss(renewed, kept=False).status == "pass"
-    half_back = dataclasses.replace(kept, workers_after={"c" * 56: "127.0.1.2"})
-    assert workers_after_head_loss(half_back, kept=False).status == "fail"
-    nobody = dataclasses.replace(kept, workers_before={}, workers_after={})
-    assert workers_after_head_loss(nobody, kept=True).status == "fail"  # nothing seen is not "all kept"
-
-
-class FakeJobs:
-    """The Jobs API as the judge reads it: a status, or the 404 of a head that forgot the job."""
-
-    def __init__(self, status):
-        self.status = status
-
-    def get_job_status(self, job_id):
-        if self.status is None:
-            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
-        return types.SimpleNamespace(value=self.status)
-
-
-def judge(status, *, gcs_ft, reports_after=(), head_down_s=1.0, head_up_s=10.0, driver_alive=False):
-    """HeadLossExperiment._judge on recorded facts (no cluster: the experiment's parts are fakes)."""
-    exp = object.__new__(HeadLossExperiment)
-    exp.cluster = types.SimpleNamespace(redis=object() if gcs_ft else None,
-                                        config=types.SimpleNamespace(head_recovery=True))
-    exp.client, exp.timeline = FakeJobs(status), Timeline()
-    for dt, step in reports_after:
-        exp.timeline.emit("recorder", "report", t=1000.0 + dt, step=step)
-    driver = subprocess.Popen(["sleep", "30"])
-    proc = psutil.Process(driver.pid)
-    if not driver_alive:
-        driver.kill()
-        driver.wait()
-    try:
-        return exp._judge("job-1", proc, 1000.0, head_down_s, head_up_s, settle_s=0.1, timeout=1.0)
-    finally:
-        driver.kill()
-        driver.wait()
-
-
-def test_judge_reports_after_the_head_came_back_mean_the_run_continued():
-    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, reports_after=[(5.0, 7), (12.0, 8)])
-    assert outcome == "continued" and "step 8 reported 12.0 s after the fault" in diagnosis
-
-
-def test_judge_a_dead_driver_with_fault_tolerance_is_a_lost_driver_whatever_the_jobs_api_says():
-    outcome, diagnosis, status = judge("RUNNING", gcs_ft=True)
-    assert outcome == "driver-lost" and status == "RUNNING" and "the Jobs API says RUNNING" in diagnosis
-
-
-def test_judge_a_head_that_forgot_the_job_is_a_lost_cluster():
-    outcome, diagnosis, _ = judge(None, gcs_ft=False)
-    assert outcome == "cluster-lost" and diagnosis.startswith("cluster lost: no GCS fault tolerance")
-    outcome, diagnosis, _ = judge(None, gcs_ft=True)
-    assert outcome == "cluster-lost" and "although fault tolerance is on" in diagnosis
-
-
-def test_judge_a_head_that_never_came_back():
-    assert judge("RUNNING", gcs_ft=False, head_up_s=None)[0] == "cluster-lost"
-    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, head_up_s=None)
-    assert outcome is None and "the head did not come back" in diagnosis
-
-
-def test_judge_never_guesses_a_live_driver_without_reports():
-    outcome, diagnosis, _ = judge("RUNNING", gcs_ft=True, driver_alive=True)
-    assert outcome is None and "driver pid" in diagnosis and "alive" in diagnosis
-
-
-def test_a_driver_pid_from_inside_a_pid_namespace_is_mapped_back():
-    me = os.getpid()
-    assert _namespace_pid(me) == me  # this process lives in the machine's own PID namespace
-    assert _namespace_pid(2 ** 22 + 1) is None
-
-
-def test_reports_resumed_times_the_first_report_after_the_head_came_back():
-    tl = Timeline()
-    lost = dataclasses.replace(loss("driver-lost"), t_fault=1000.0, head_up_s=12.0)
-    tl.emit("recorder", "report", t=1004.0, step=12)  # the lost run, before the head went
-    assert reports_resumed(tl, lost, 120).status == "unverifiable"
-    tl.emit("harness", "job_submitted", t=1022.0, job_id="again")
-    tl.emit("recorder", "report", t=1050.0, step=11)
-    v = reports_resumed(tl, lost, 120)
-    assert v.status == "pass" and v.evidence["first_report_s"] == 50.0 and v.evidence["resubmitted_at_s"] == 22.0
-    slow = reports_resumed(tl, lost, 30)
-    assert slow.status == "fail" and slow.message.startswith("recovery too slow: reports resumed 50.0 s")
-
-
-def judged_head_loss(tmp_path, verdicts):
-    """A judged HeadLossExperiment on a recorded head loss (no cluster): GCS killed after
-    checkpoint 10, the head down 1 s later and back 10 s later, the run resubmitted."""
-    s = Script().start_attempt().steps(1, 12)
-    t = s.t + 0.5
-    s.new_run().start_attempt(dt=20.0).steps(11, 20).finish()
-    tl = s.timeline()
-    tl.emit("harness", "fault_injected", t=t, fault="gcs-kill", target="head", job_id="j1", ledger_id="h1")
-    tl.emit("fault", "fault_detected", t=t + 1.0, ledger_id="h1", by="head_down")
-    tl.emit("cluster", "head_back", t=t + 10.0, boot=2)
-    exp = object.__new__(HeadLossExperiment)
-    exp.timeline, exp.run_dir, exp.spec = tl, tmp_path, types.SimpleNamespace(name="headloss-x")
-    exp.reporter, exp.unverifiable, exp.test_id = Reporter(echo=lambda line: None), "fail", "suites/x.py::test_x"
-    exp.verdicts, exp.metrics = [], {}
-    exp.judge(verdicts)
-    return exp
-
-
-def test_a_judged_head_loss_leaves_its_timeline_picture_and_a_summary_record(tmp_path):
-    """Head-loss suites reach reports/summary.json and the report as every experiment does."""
-    passed = Verdict("head-loss outcome (gcs-kill)", "pass", "run lost with its driver")
-    exp = judged_head_loss(tmp_path, [passed])
-    assert (tmp_path / "timeline.png").stat().st_size > 0 and (tmp_path / "timeline.json").exists()
-    record = exp.record("passed")
-    assert (record["test"], record["fault_kind"], record["backend"], record["outcome"]) == \
-           ("suites/x.py::test_x", "gcs-kill", "embedded", "passed")
-    assert [v["name"] for v in record["verdicts"]] == ["head-loss outcome (gcs-kill)"]
-    assert [round(r["time_to_detect"], 3) for r in record["recoveries"]] == [1.0]
-    assert record["metrics"]["charged"]["worker_group"]["count"] == 0
-    summary.append_record(tmp_path / "summary.d", record)
-    assert summary.load_records(tmp_path / "summary.d")[0]["test"] == "suites/x.py::test_x"
-    assert "head back" in [m.label for m in plot_data(exp.timeline).markers]
-
-
-def test_twin_a_failing_head_loss_verdict_still_fails_the_test_after_its_artefacts(tmp_path):
-    failed = Verdict("head-loss outcome (gcs-kill)", "fail", "the run continued", "wrong outcome")
-    with pytest.raises(VerificationError, match="the run continued"):
-        judged_head_loss(tmp_path, [failed])
-    assert (tmp_path / "timeline.png").exists()

@@ -64,7 +64,7 @@ LAYERS: dict[str, int] = {
     #   summaries, the ledger (sweeps by fault class), campaigns, head loss, canary, projections.
     "chaos.train": 6, "chaos.triggers": 6, "chaos.attribution": 6, "chaos.verify": 6,
     "chaos.summary": 6, "chaos.progress": 6, "chaos.plot": 6, "chaos.ledger": 6,
-    "chaos.campaign": 6, "chaos.canary": 6, "chaos.head_loss": 6, "chaos.projection": 6,
+    "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6,
     # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin.
     "chaos.experiment": 7, "chaos.baseline": 7, "chaos.allure_site": 7, "chaos.cli": 7,
     "chaos.pytest_plugin": 7,
