@@ -16,7 +16,7 @@ import time
 import http.client
 import urllib.parse
 import urllib.request
-from typing import Callable, Iterator
+from typing import Callable
 
 from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Timeline
@@ -187,19 +187,18 @@ class ClusterView:
                     from e
         return sorted({f for files in result.values() for f in files})
 
-    def follow_log(self, node_id: str, filename: str, interval_s: float = 0.1,
-                   idle_timeout_s: float = 5.0) -> Iterator[bytes]:
-        """Lines of ``filename`` (under node ``node_id``'s Ray logs directory) from its start,
-        then each line appended, as the node's agent streams them (it looks again every
-        ``interval_s``).  Ends when the stream does (the node or its agent went away) or when
-        nothing arrived for ``idle_timeout_s`` (a caller that still wants it opens it again)."""
-        query = {"node_id": node_id, "filename": filename, "lines": -1, "interval": interval_s,
-                 "media_type": "stream", "timeout": 30}
-        with self._get("/api/v0/logs/stream", query, timeout=idle_timeout_s) as response:
+    def read_log(self, node_id: str, filename: str, timeout: float = 30.0) -> bytes:
+        """The whole of ``filename`` under node ``node_id``'s Ray logs directory, as its agent
+        reads it now (a file request, which ends: Ray's follow-mode stream never does on the
+        server once nobody reads it — its handler waits for the file to grow, holding one of
+        the state API's 100 request slots until then)."""
+        query = {"node_id": node_id, "filename": filename, "lines": -1, "media_type": "file", "timeout": int(timeout)}
+        with self._get("/api/v0/logs/file", query, timeout=timeout) as response:
             try:
-                yield from response
-            except (OSError, http.client.HTTPException):  # idle past the timeout, or the node went away
-                return
+                return response.read()
+            except (OSError, http.client.HTTPException) as e:
+                raise ClusterError(f"reading {filename} on node {node_id[:8]} from {self.dashboard_url} broke: {e}") \
+                    from e
 
     def alive_workers(self) -> list[Node]:
         return [n for n in self.nodes() if n.alive and not n.is_head]

@@ -37,10 +37,11 @@ from chaos.train.recording import Recording
 from chaos.train.tape import ENV_TAPE_FILE, TapeWriter
 
 ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"  # "auto", or comma-separated metric names tried in order
-# Append every event to logs/chaos/<this name>.jsonl under the Ray logs directory of the
-# controller's node, which the harness follows over the dashboard (chaos.train.eventlog).
+# Append every event to logs/chaos/<this name>/events-NNNNN.jsonl under the Ray logs directory
+# of the controller's node, which the harness reads over the dashboard (chaos.train.eventlog).
 ENV_EVENTS_LOG = "RAY_CHAOS_EVENTS_LOG"
 EVENTS_LOG_DIR = "chaos"  # under the node's Ray logs directory
+CHUNK_LINES = 100  # events per file of the events log
 ENV_STATE_METRIC = "RAY_CHAOS_STATE_METRIC"  # a per-step value a correct restore reproduces (e.g. loss)
 FAILURE_POLICY_LOGGER = "ray.train.v2._internal.execution.failure_handling.default"
 
@@ -74,27 +75,43 @@ def node_logs_dir() -> str:
     return ray._private.worker.global_worker.node.get_logs_dir_path()
 
 
-def events_log_path(name: str) -> str:
-    """Where the recorder appends events for a run whose events log is called ``name``."""
+def events_log_dir(name: str) -> str:
+    """Where the recorder writes the events of a run whose events log is called ``name``."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"{ENV_EVENTS_LOG}={name!r}: a plain file name is needed")
-    directory = os.path.join(node_logs_dir(), EVENTS_LOG_DIR)
+    directory = os.path.join(node_logs_dir(), EVENTS_LOG_DIR, name)
     os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"{name}.jsonl")
+    return directory
 
 
-def _append(path: str, event: dict) -> None:
-    try:
-        with open(path, "a") as out:  # one write per line: a follower never sees half of one
-            out.write(json.dumps(event, default=str) + "\n")
-    except OSError as e:
-        logging.getLogger(__name__).warning("ray-chaos recorder could not write %s: %s", path, e)
+def chunk_name(index: int) -> str:
+    """The events log's ``index``-th file: CHUNK_LINES events each, so the harness reads a
+    bounded file each time it looks (chaos.train.eventlog)."""
+    return f"events-{index:05d}.jsonl"
+
+
+class EventsLogWriter:
+    """Appends events as JSON lines, CHUNK_LINES to a file, one write per line (a reader
+    never sees half of one, and a file with CHUNK_LINES lines is complete)."""
+
+    def __init__(self, directory: str):
+        self.directory, self._index, self._lines = directory, 0, 0
+
+    def append(self, event: dict) -> None:
+        if self._lines == CHUNK_LINES:
+            self._index, self._lines = self._index + 1, 0
+        try:
+            with open(os.path.join(self.directory, chunk_name(self._index)), "a") as out:
+                out.write(json.dumps(event, default=str) + "\n")
+            self._lines += 1
+        except OSError as e:
+            logging.getLogger(__name__).warning("ray-chaos recorder could not write to %s: %s", self.directory, e)
 
 
 class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
     def __init__(self):
         self._events_log = os.environ.get(ENV_EVENTS_LOG)
-        self._events_log_path: str | None = None  # resolved in the controller, where the hooks run
+        self._events_writer: EventsLogWriter | None = None  # made in the controller, where the hooks run
         self._tape_file = os.environ.get(ENV_TAPE_FILE)
         self._settings = {"step_metric": os.environ.get(ENV_STEP_METRIC, "auto"),
                           "state_metric": os.environ.get(ENV_STATE_METRIC) or None}
@@ -115,14 +132,14 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
 
     def _deliver(self, event: dict) -> None:
         if self._events_log:
-            if self._events_log_path is None:
+            if self._events_writer is None:
                 try:
-                    self._events_log_path = events_log_path(self._events_log)
+                    self._events_writer = EventsLogWriter(events_log_dir(self._events_log))
                 except Exception as e:  # never break the user's run for the harness's sake
                     logging.getLogger(__name__).warning("ray-chaos recorder has no events log: %s", e)
                     self._events_log = None
-            if self._events_log_path is not None:
-                _append(self._events_log_path, event)
+            if self._events_writer is not None:
+                self._events_writer.append(event)
 
     # -- controller hooks --------------------------------------------------------
     def after_controller_start(self, train_run_context) -> None:

@@ -1,6 +1,7 @@
-"""The recorder's event channel without a driver (chaos.train.eventlog): found on whichever
-node holds it, followed, reopened without duplicates, lost loudly; and ClusterView's log
-listing and stream against an HTTP server that answers as the dashboard does."""
+"""The recorder's event channel without a driver (chaos.train.eventlog, the recorder's
+EventsLogWriter): found on whichever node holds it, read in bounded files, each event once,
+lost loudly; and ClusterView's log listing and file read against an HTTP server that answers
+as the dashboard does."""
 
 from __future__ import annotations
 
@@ -11,24 +12,29 @@ import threading
 import pytest
 
 from chaos.cluster import ClusterView, Node
-from chaos.errors import ClusterError
+from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Timeline
+from chaos.train import recorder
 from chaos.train.eventlog import EventLog
-from chaos.train.recorder import events_log_path
+from chaos.train.recorder import CHUNK_LINES, EventsLogWriter, chunk_name, events_log_dir
 
-FILE = "chaos/run-1.jsonl"
+DIR = "chaos/run-1"
 
 
-def line(i: int, t: float = 1000.0) -> bytes:
-    return (json.dumps({"t": t + i, "source": "recorder", "kind": "report", "data": {"step": i}}) + "\n").encode()
+def event(i: int, t: float = 1000.0) -> dict:
+    return {"t": t + i, "source": "recorder", "kind": "report", "data": {"step": i}}
+
+
+def line(i: int) -> bytes:
+    return (json.dumps(event(i)) + "\n").encode()
 
 
 class FakeCluster:
-    """Node n2 holds the file; each stream is the next list in ``streams`` (then nothing)."""
+    """Node n2's logs directory holds ``files`` (name -> bytes, changed by the test as the
+    recorder would); ``alive`` False: every node is gone."""
 
-    def __init__(self, streams, holder="n2", alive=True):
-        self.streams, self.holder, self.alive = list(streams), holder, alive
-        self.opened = threading.Semaphore(0)
+    def __init__(self, files=None, holder="n2"):
+        self.files, self.holder, self.alive, self.reads = dict(files or {}), holder, True, 0
 
     def nodes(self):
         return [Node(node_id=n, ip=f"127.0.1.{i}", alive=self.alive, is_head=n == "n1", start_time=None,
@@ -36,85 +42,151 @@ class FakeCluster:
                 for i, n in enumerate(("n1", "n2"), 2)]
 
     def log_files(self, node_id, glob):
-        assert glob == FILE
-        return [FILE] if node_id == self.holder and self.streams else []
+        if node_id != self.holder:
+            return []
+        prefix = glob.rstrip("*")
+        return sorted(f for f in self.files if (f.startswith(prefix) if glob.endswith("*") else f == glob))
 
-    def follow_log(self, node_id, filename, interval_s=0.1, idle_timeout_s=5.0):
-        assert (node_id, filename) == (self.holder, FILE)
-        self.opened.release()
-        return iter(self.streams.pop(0) if self.streams else [])
+    def read_log(self, node_id, filename, timeout=30.0):
+        assert node_id == self.holder
+        self.reads += 1
+        if not self.alive or filename not in self.files:
+            raise ClusterError(f"could not read {filename}")
+        return self.files[filename]
+
+
+def chunk(i):
+    return f"{DIR}/{chunk_name(i)}"
 
 
 def steps(timeline):
     return [e.data["step"] for e in timeline.of("report")]
 
 
-def follow(cluster, timeline, until, **kw):
-    log = EventLog(cluster, "run-1", timeline, look_every_s=0.01, **kw).start()
-    timeline.wait_for(lambda ev: until(ev) or None, 10, "the events")
-    log.drain(timeout_s=5)
-    return log
+def reader(cluster, timeline, **kw):
+    return EventLog(cluster, "run-1", timeline, look_every_s=0.01, **kw).start()
 
 
 def test_events_reach_the_timeline_in_order_on_the_harness_clock():
     tl = Timeline()
     tl.set_clock_offset(2.0, 0.001)  # the node's clock is 2 s ahead
-    log = follow(FakeCluster([[line(1), line(2), line(3)]]), tl, lambda ev: len(steps(tl)) == 3)
+    log = reader(FakeCluster({chunk(0): line(1) + line(2) + line(3)}), tl)
+    tl.wait_for(lambda ev: len(steps(tl)) == 3 or None, 10, "three events")
+    log.drain(timeout_s=5)
     assert steps(tl) == [1, 2, 3] and log.node_id == "n2"
     assert [e.t for e in tl.of("report")] == [999.0, 1000.0, 1001.0]
 
 
-def test_a_reopened_stream_skips_what_was_taken_and_a_partial_line_waits_for_its_end():
-    tl = Timeline()
-    first = [line(1), line(2), line(3)[:-9]]  # the stream ended inside line 3
-    follow(FakeCluster([first, [line(1), line(2), line(3), line(4)]]), tl, lambda ev: len(steps(tl)) == 4)
-    assert steps(tl) == [1, 2, 3, 4]
+def test_each_event_is_taken_once_a_partial_line_waits_and_a_full_file_leads_to_the_next():
+    tl, c = Timeline(), FakeCluster({chunk(0): line(0) + line(1)[:9]})  # the recorder is writing line 2
+    log = reader(c, tl)
+    tl.wait_for(lambda ev: steps(tl) == [0] or None, 10, "the first event")
+    c.files[chunk(0)] = b"".join(line(i) for i in range(CHUNK_LINES))
+    tl.wait_for(lambda ev: len(steps(tl)) == CHUNK_LINES or None, 10, "the first file")
+    c.files[chunk(1)] = line(CHUNK_LINES)
+    tl.wait_for(lambda ev: len(steps(tl)) == CHUNK_LINES + 1 or None, 10, "the second file")
+    log.drain(timeout_s=5)
+    assert steps(tl) == list(range(CHUNK_LINES + 1))
 
 
-def test_a_file_out_of_reach_after_events_came_aborts_the_timeline_loudly():
-    tl = Timeline()
-    cluster = FakeCluster([[line(1)]])
-    log = EventLog(cluster, "run-1", tl, lost_after_s=0.2, look_every_s=0.01).start()
-    with pytest.raises(ClusterError, match=r"event log chaos/run-1.jsonl could not be read: it has been out of reach "
-                                           r"for 0 s: chaos/run-1.jsonl is on no alive node"):
+def test_a_log_out_of_reach_after_events_came_aborts_the_timeline_loudly():
+    tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
+    log = EventLog(c, "run-1", tl, lost_after_s=0.2, look_every_s=0.01).start()
+    tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
+    c.alive = False
+    with pytest.raises(ClusterError, match=r"event log chaos/run-1 could not be read: it has been out of reach "
+                                           r"for 0 s: chaos/run-1 is on no alive node"):
         tl.wait_for(lambda ev: None, 10, "anything")
     log.drain(timeout_s=5)
     assert steps(tl) == [1] and isinstance(log.error, ClusterError)
 
 
-def test_twin_a_file_not_there_yet_is_waited_for_not_an_error():
-    tl = Timeline()
-    cluster = FakeCluster([[line(1)]], holder="n2")
-    cluster.holder = "nobody"
-    log = EventLog(cluster, "run-1", tl, lost_after_s=0.05, look_every_s=0.01).start()
-    assert not cluster.opened.acquire(timeout=0.3)  # looked for, never opened, never aborted
-    cluster.holder = "n2"
+def test_twin_a_log_not_there_yet_is_waited_for_not_an_error():
+    tl, c = Timeline(), FakeCluster({})
+    log = EventLog(c, "run-1", tl, lost_after_s=0.05, look_every_s=0.01).start()
+    with pytest.raises(WaitTimeout):  # many looks, well past lost_after_s
+        tl.wait_for(lambda ev: None, 0.3, "nothing")
+    assert c.reads == 0 and log.error is None  # looked for, never read, never aborted
+    c.files[chunk(0)] = line(1)
     tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
     log.drain(timeout_s=5)
     assert log.error is None and steps(tl) == [1]
 
 
-def test_the_recorder_refuses_an_events_log_name_that_is_a_path():
+def test_twin_losing_the_log_is_no_error_where_the_head_may_go():
+    """A head fault: the log out of reach while the head is away, found again when it is back."""
+    tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
+    log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01).start()
+    tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
+    c.alive = False
+    with pytest.raises(WaitTimeout):  # many looks while it is away, well past the default lost_after_s
+        tl.wait_for(lambda ev: None, 0.3, "nothing")
+    assert log.error is None
+    c.alive = True
+    c.files[chunk(0)] = line(1) + line(2)
+    tl.wait_for(lambda ev: steps(tl) == [1, 2] or None, 10, "the event after the head came back")
+    log.drain(timeout_s=5)
+    assert log.error is None
+
+
+def test_an_unreadable_event_line_aborts_the_timeline_never_skipped():
+    """A line that is not an event could be a failure decision: missing it could pass a run."""
+    tl = Timeline()
+    log = reader(FakeCluster({chunk(0): line(1) + b"{not json\n" + line(3)}), tl)
+    with pytest.raises(ClusterError, match=r"event log chaos/run-1 could not be read: line 2 of the recorder's "
+                                           r"event log chaos/run-1/events-00000.jsonl is no event \(JSONDecodeError"):
+        tl.wait_for(lambda ev: None, 10, "anything")
+    log.drain(timeout_s=5)
+    assert steps(tl) == [1]
+
+
+def test_a_clock_that_cannot_be_measured_aborts_before_any_event_is_taken():
+    def clock(node_id):
+        raise ClusterError(f"no transport to {node_id}")
+
+    tl = Timeline()
+    log = reader(FakeCluster({chunk(0): line(1)}), tl, on_found=clock)
+    with pytest.raises(ClusterError, match=r"could not be read: it is on node n2, but: no transport to n2"):
+        tl.wait_for(lambda ev: None, 10, "anything")
+    log.drain(timeout_s=5)
+    assert steps(tl) == []
+
+
+# -- the recorder's side -----------------------------------------------------------------------
+def test_the_writer_fills_each_file_with_chunk_lines_whole_lines(tmp_path):
+    writer = EventsLogWriter(str(tmp_path))
+    for i in range(CHUNK_LINES + 3):
+        writer.append(event(i))
+    first, second = (tmp_path / chunk_name(0)).read_text(), (tmp_path / chunk_name(1)).read_text()
+    assert len(first.splitlines()) == CHUNK_LINES and first.endswith("\n")
+    assert [json.loads(x)["data"]["step"] for x in second.splitlines()] == [CHUNK_LINES, CHUNK_LINES + 1,
+                                                                            CHUNK_LINES + 2]
+
+
+def test_the_recorder_refuses_an_events_log_name_that_is_a_path(monkeypatch, tmp_path):
+    monkeypatch.setattr(recorder, "node_logs_dir", lambda: str(tmp_path))
     for bad in ("", "../x", "a/b", ".hidden"):
         with pytest.raises(ValueError, match="a plain file name is needed"):
-            events_log_path(bad)
+            events_log_dir(bad)
+    assert events_log_dir("job-1") == str(tmp_path / "chaos" / "job-1")
 
 
 # -- ClusterView against an HTTP server answering as Ray 2.60's dashboard ---------------
 class Dashboard(http.server.BaseHTTPRequestHandler):
-    lines: list[bytes] = []
+    body = b""
 
     def do_GET(self):
-        if self.path.startswith("/api/v0/logs/stream?"):
-            assert "node_id=n2" in self.path and "filename=chaos%2Frun-1.jsonl" in self.path and "lines=-1" in self.path
+        if self.path.startswith("/api/v0/logs/file?"):
+            assert "node_id=n2" in self.path and "filename=chaos%2Frun-1%2Fevents-00000.jsonl" in self.path
+            assert "lines=-1" in self.path and "media_type=file" in self.path
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for chunk in self.lines:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            for part in (self.body[:10], self.body[10:]):  # chunks cut mid-line
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.write(b"0\r\n\r\n")
         elif self.path.startswith("/api/v0/logs?"):
-            body = json.dumps({"result": True, "msg": "", "data": {"result": {"internal": [FILE]}}}).encode()
+            body = json.dumps({"result": True, "msg": "", "data": {"result": {"internal": [chunk(0)]}}}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -136,35 +208,12 @@ def dashboard():
     server.server_close()
 
 
-def test_cluster_view_lists_and_streams_a_nodes_log_file(dashboard):
-    Dashboard.lines = [line(1) + line(2)[:10], line(2)[10:] + line(3)]  # chunks cut mid-line
-    assert dashboard.log_files("n2", FILE) == [FILE]
-    assert list(dashboard.follow_log("n2", FILE)) == [line(1), line(2), line(3)]
+def test_cluster_view_lists_and_reads_a_nodes_log_file(dashboard):
+    Dashboard.body = line(1) + line(2)
+    assert dashboard.log_files("n2", f"{DIR}/*") == [chunk(0)]
+    assert dashboard.read_log("n2", chunk(0)) == line(1) + line(2)
 
 
 def test_cluster_view_names_the_url_when_the_dashboard_refuses(dashboard):
     with pytest.raises(ClusterError, match=r"could not read http://127\.0\.0\.1:\d+/nothing"):
         dashboard._get("/nothing", {}, timeout=5)
-
-
-def test_an_unreadable_event_line_aborts_the_timeline_never_skipped():
-    """A line that is not an event could be a failure decision: missing it could pass a run."""
-    tl = Timeline()
-    log = EventLog(FakeCluster([[line(1), b"{not json\n", line(3)]]), "run-1", tl, look_every_s=0.01).start()
-    with pytest.raises(ClusterError, match=r"event log chaos/run-1.jsonl could not be read: line 2 of the "
-                                           r"recorder's event log chaos/run-1.jsonl is no event \(JSONDecodeError"):
-        tl.wait_for(lambda ev: None, 10, "anything")
-    log.drain(timeout_s=5)
-    assert steps(tl) == [1]
-
-
-def test_a_clock_that_cannot_be_measured_aborts_before_any_event_is_taken():
-    def clock(node_id):
-        raise ClusterError(f"no transport to {node_id}")
-
-    tl = Timeline()
-    log = EventLog(FakeCluster([[line(1)]]), "run-1", tl, look_every_s=0.01, on_found=clock).start()
-    with pytest.raises(ClusterError, match=r"could not be read: it is on node n2, but: no transport to n2"):
-        tl.wait_for(lambda ev: None, 10, "anything")
-    log.drain(timeout_s=5)
-    assert steps(tl) == []
