@@ -210,6 +210,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _cluster_order(item) -> tuple:
+    if "foreign" in getattr(item, "fixturenames", ()):  # suites/test_foreign_cluster.py: a cluster of its own
+        return 3, ""
     head = item.get_closest_marker("head_faults")
     if head is not None:
         return 1, Clusters.head_kind(head)
@@ -509,6 +511,7 @@ class Chaos:
             spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
             return spec
         params.setdefault("seed", self._opt("chaos_seed"))
+        params.setdefault("python", self.env.backend.python)
         return reference_spec(name, self.env.backend.storage_path, **params)
 
     def fault(self, kind: str, **params):

@@ -5,8 +5,12 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cuda_driver_dir(tmp_path_factory) -> str:
-    """A directory with the stub libcuda.so.1 (fixtures/cuda_stub), for the CPU path."""
+def cuda_driver_dir(request, tmp_path_factory) -> str | None:
+    """A directory with the stub libcuda.so.1 (fixtures/cuda_stub), for the CPU path on the
+    embedded cluster (its nodes share this machine's files); None on a profile's cluster,
+    whose nodes have their own driver on their library path."""
+    if request.config.getoption("chaos_profile"):
+        return None
     from fixtures.cuda_stub import build_stub
 
     return str(build_stub(tmp_path_factory.mktemp("cuda-stub")))

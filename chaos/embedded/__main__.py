@@ -6,7 +6,7 @@ stop (SIGTERM) and waits for it; if it is gone without cleaning up, `down` stops
 state file records by PID itself.  `status` prints the state file.  `--profile-out` writes a
 profile that points the harness at the cluster.
 
-Two kinds of cluster:
+Three kinds of cluster:
 
 * plain (default): Ray nodes on loopback or on test hosts, with automatic node recovery
   (``chaos.embedded.cluster``); its profile is served by the ``ssh``/``embedded`` backends;
@@ -16,6 +16,10 @@ Two kinds of cluster:
   ``kubernetes`` backend.  Pods and hosts are replaced under chaos, so its supervisor rewrites
   the state file (pods, their container PIDs, the test hosts' PIDs) whenever the API server's
   objects change: that is what `down` stops if the supervisor died.
+* ``--foreign``: a cluster the harness did not start (``chaos.embedded.foreign``; needs root):
+  isolated test hosts that share nothing with this machine but a bridge, Ray started on them
+  over SSH by ``scripts/foreign-ray-start.sh``; its profile (vm-ssh.yaml's shape) is served by
+  the ``ssh`` backend, from a runner outside the cluster or from here.
 """
 
 from __future__ import annotations
@@ -79,6 +83,10 @@ def serve(args) -> int:
         from chaos.embedded.kubernetes import EmbeddedKubernetes, KubeClusterConfig
 
         cluster = EmbeddedKubernetes(KubeClusterConfig(workers=args.workers, base_dir=base))
+    elif args.foreign:
+        from chaos.embedded.foreign import ForeignCluster, ForeignConfig
+
+        cluster = ForeignCluster(ForeignConfig(workers=args.workers, base_dir=base))
     else:
         cluster = EmbeddedCluster(EmbeddedConfig(
             workers=args.workers, node_recovery=args.node_recovery == "automatic",
@@ -91,6 +99,8 @@ def serve(args) -> int:
             _write_profile(cluster, Path(args.profile_out))
         if args.kubernetes:
             keeper = _KubeStateKeeper(base, cluster).start()  # writes the ready state
+        elif args.foreign:
+            _write_state(base, {"kind": "foreign", "ready": True, "serve_pid": os.getpid(), **cluster.status()})
         else:
             _write_state(base, {"kind": "embedded", "ready": True, "serve_pid": os.getpid(), **cluster.status()})
         starting = False
@@ -229,7 +239,7 @@ def _write_profile(cluster, path: Path) -> None:
 def up(args) -> int:
     base = Path(args.dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    kind = "kubernetes" if args.kubernetes else "embedded"
+    kind = "kubernetes" if args.kubernetes else "foreign" if args.foreign else "embedded"
     existing = _read_state(base)
     if existing and existing.get("ready") and _alive(existing.get("serve_pid")):
         if existing.get("kind", "embedded") != kind:
@@ -242,6 +252,8 @@ def up(args) -> int:
     argv = [sys.executable, "-m", "chaos.embedded", "serve", "--dir", str(base), "--workers", str(args.workers)]
     if args.kubernetes:
         argv += ["--kubernetes"]
+    elif args.foreign:
+        argv += ["--foreign"]
     else:
         argv += ["--hosts", _hosts_mode(args.hosts), "--node-recovery", args.node_recovery,
                  "--recovery-delay", str(args.recovery_delay)]
@@ -274,6 +286,10 @@ def up(args) -> int:
         return 1
     if args.kubernetes:
         _print_kube_up(st, base, args.profile_out)
+    elif args.foreign:
+        print(f"foreign cluster up: dashboard {st['dashboard_url']}, GCS {st['gcs_address']}, "
+              f"{len(st['hosts']) - 1} workers on isolated test hosts (bridge {st['bridge']}), supervisor pid "
+              f"{st['serve_pid']}" + (f"; profile {args.profile_out}" if args.profile_out else ""))
     else:
         print(f"embedded cluster up: dashboard {st['dashboard_url']}, GCS {st['gcs_address']}, "
               f"{len(st['hosts'])} workers, supervisor pid {st['serve_pid']}")
@@ -336,6 +352,8 @@ def down(args) -> int:
     # Whatever the supervisor could not stop, by PID.
     if st.get("kind") == "kubernetes":
         _sweep_kubernetes(st)
+    elif st.get("kind") == "foreign":
+        _sweep_hosts(st)
     else:
         leaders = [st.get("head_pid")] + [h.get("pid") for h in st.get("hosts", [])]
         _kill_sessions(leaders)
@@ -356,6 +374,17 @@ def _sweep_kubernetes(st: dict) -> None:
     (SSH keys included) and the Ray temp dirs."""
     _kill_sessions([p.get("session") for p in st.get("pods", [])] +
                    [n.get("host_pids", {}).get("unshare") for n in st.get("nodes", [])])
+    _sweep_network(st)
+
+
+def _sweep_hosts(st: dict) -> None:
+    """What a dead supervisor left of a foreign cluster: its test hosts' boots (every Ray
+    process of theirs lives in them), their network and state."""
+    _kill_sessions([h.get("pids", {}).get("unshare") for h in st.get("hosts", [])])
+    _sweep_network(st)
+
+
+def _sweep_network(st: dict) -> None:
     bridge = st.get("bridge")
     if bridge:
         from chaos.embedded import netns
@@ -381,6 +410,22 @@ def status(args) -> int:
 
 def _validate_up(args) -> None:
     """Refuse what cannot work before a supervisor is started."""
+    if args.kubernetes and args.foreign:
+        raise ChaosError("--kubernetes and --foreign: one kind of cluster at a time")
+    if args.foreign:
+        from chaos.embedded.foreign import ForeignConfig
+        from chaos.embedded.testhost import testhosts_supported
+
+        given = [flag for flag, value in (("--hosts", args.hosts), ("--node-recovery", args.node_recovery),
+                                          ("--recovery-delay", args.recovery_delay)) if value is not None]
+        if given:
+            raise ChaosError(f"--foreign: {', '.join(given)} do not apply (its machines are isolated test hosts; "
+                             "each node's service restarts its Ray)")
+        ForeignConfig(workers=args.workers)
+        supported, why = testhosts_supported()
+        if not supported:
+            raise ChaosError(f"--foreign: its machines are test hosts, which are not possible here: {why}")
+        return
     if not args.kubernetes:
         args.hosts = args.hosts or "auto"
         args.node_recovery = args.node_recovery or "automatic"
@@ -412,6 +457,9 @@ def main(argv=None) -> int:
             s.add_argument("--kubernetes", action="store_true",
                            help="a KubeRay RayCluster on HyperPod-labelled test-host nodes behind an emulated "
                                 "API server (root), instead of plain Ray nodes")
+            s.add_argument("--foreign", action="store_true",
+                           help="a cluster the harness did not start: isolated test hosts (their own /tmp, none of "
+                                "this checkout), Ray started on them over SSH by scripts/foreign-ray-start.sh (root)")
             s.add_argument("--workers", type=int, default=3)
             s.add_argument("--node-recovery", choices=["automatic", "off"], default=None,
                            help="plain cluster only (default automatic)")

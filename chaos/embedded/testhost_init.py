@@ -56,7 +56,8 @@ exit 1
 """.format(marker=INIT_MARKER, reboot=REBOOT_SIGNAL.name[3:], poweroff=POWEROFF_SIGNAL.name[3:])
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MNT_DETACH = 2, 4, 4096, 2
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MNT_DETACH = 1, 2, 4, 4096, 16384, 2
+STATE_VIEW = "/run/testhost"  # an isolated host's view of its state dir (chaos.embedded.testhost)
 
 
 def _mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
@@ -78,6 +79,9 @@ def _prepare_namespace(cfg: dict) -> None:
             _libc.umount2(target.encode(), _MNT_DETACH)  # EINVAL once a parent went: fine
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     os.mkdir("/run/sshd", 0o755)
+    if cfg.get("isolation"):  # its own state where it still sees it once /tmp is its own
+        os.mkdir(STATE_VIEW, 0o755)
+        _mount(cfg["state_dir"], STATE_VIEW, flags=_MS_BIND)
     _mount(cfg["boot_id_file"], "/proc/sys/kernel/random/boot_id", flags=_MS_BIND)
     # This boot's own kernel log: a write to /dev/kmsg inside the host (how Xid injectors reach a
     # health agent) lands in an empty file of this boot, never in the machine's kernel log (the
@@ -103,6 +107,29 @@ def _prepare_namespace(cfg: dict) -> None:
             if os.path.isfile(real) and real not in seen:
                 seen.add(real)
                 _mount(cfg["power_script"], real, flags=_MS_BIND)
+    if cfg.get("isolation"):
+        _isolate(cfg["isolation"])
+
+
+def _isolate(iso: dict) -> None:
+    """Share nothing of this machine's filesystem but what ``iso`` binds (chaos.embedded.testhost
+    .Isolation): binds first (their sources may lie under what is hidden next), each under a
+    top-level directory made the host's own; then its own private directories; then an empty
+    read-only tmpfs over each hidden path that it can still see."""
+    own = set()
+    for source, target in iso["binds"]:
+        top = "/" + Path(target).parts[1]
+        if top not in own:
+            os.makedirs(top, exist_ok=True)
+            _mount("tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+            own.add(top)
+        os.makedirs(target, exist_ok=True)
+        _mount(source, target, flags=_MS_BIND | _MS_REC)
+    for path in iso["private"]:
+        _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for path in iso["hide"]:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0555")
 
 
 def _power(request: int) -> None:
@@ -126,7 +153,8 @@ def _init_main(config_path: str) -> None:
         with open(cfg["sshd_log"], "ab") as sshd_log:
             sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", cfg["sshd_config"]], stdin=subprocess.DEVNULL,
                                     stdout=sshd_log, stderr=sshd_log,
-                                    env={"PATH": DEFAULT_PATH, "NOTIFY_SOCKET": cfg["notify_socket"]})
+                                    env={"PATH": DEFAULT_PATH,
+                                         "NOTIFY_SOCKET": cfg.get("sshd_notify_socket") or cfg["notify_socket"]})
     except Exception as e:
         notify.send(f"ERROR={e}".encode())
         raise

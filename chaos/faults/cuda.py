@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import shlex
 import uuid
 
@@ -31,7 +30,9 @@ def shim_env(shim_path: str | None, control_path: str, log_path: str, driver_dir
         shim_path = str(ensure_shim())
     env = process_env(shim_path, control_path, log_path)
     if driver_dir:
-        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [driver_dir, os.environ.get("LD_LIBRARY_PATH")]))
+        # Before the node's own library path, which Ray expands (``${...}``) in each worker's
+        # environment: this machine's own LD_LIBRARY_PATH means nothing on a cluster's nodes.
+        env["LD_LIBRARY_PATH"] = f"{driver_dir}:${{LD_LIBRARY_PATH}}"
     return env
 
 

@@ -53,9 +53,11 @@ class RunSpec:
 def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_every: int = 5,
                    step_time: float = 0.3, num_workers: int = 2, max_failures: int = 3,
                    max_preemption_failures: int = -1, device: str = "cpu", seed: int = 0,
-                   checkpoint_on_preemption: bool = False, forget: tuple[str, ...] = ()) -> RunSpec:
+                   checkpoint_on_preemption: bool = False, forget: tuple[str, ...] = (),
+                   python: str = sys.executable) -> RunSpec:
     """``forget``: the buggy twins, a restore that leaves these parts of the state fresh
-    (reference.PARTS)."""
+    (reference.PARTS).  ``python``: the interpreter the entrypoint runs with on the cluster's
+    head (its backend's: this one on the embedded cluster, the node's own on a profile's)."""
     params = dict(steps=steps, checkpoint_every=checkpoint_every, step_time=step_time, num_workers=num_workers,
                   max_failures=max_failures, max_preemption_failures=max_preemption_failures, device=device,
                   seed=seed, checkpoint_on_preemption=int(checkpoint_on_preemption))
@@ -63,7 +65,8 @@ def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_
     args += "".join(f" --forget {shlex.quote(part)}" for part in forget)
     if forget:
         params["forget"] = list(forget)
-    entry = (f"{shlex.quote(sys.executable)} -m chaos.train.workloads.reference {args} "
+    params["python"] = python
+    entry = (f"{shlex.quote(python)} -m chaos.train.workloads.reference {args} "
              f"--storage-path {shlex.quote(storage_path)} --name {shlex.quote(name)}")
     return RunSpec(entrypoint=entry, name=name, step_metric="step", state_metric="loss", deterministic=True,
                    params={"workload": "reference", **params})
