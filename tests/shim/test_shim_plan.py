@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import os
 import re
 import struct
 import subprocess
@@ -200,3 +201,29 @@ def test_a_host_without_a_compiler_that_the_build_does_not_fit_is_refused_by_nam
     assert not (tmp_path / build.shim_hash("cc")).exists()  # nothing left on the host
 
 
+
+
+def test_an_unwritable_target_path_is_refused_naming_the_host_and_path_and_leaves_nothing(tmp_path):
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        transport = Recording(answers={"command -v cc": "exit 0"})
+        if os.geteuid() == 0:  # root writes anyway: a file where the directory must go stands in
+            locked.chmod(0o755)
+            (locked / build.shim_hash("cc")).write_text("not a directory")
+        with pytest.raises(InjectionError, match=rf"node-1: putting the CUDA shim at {re.escape(str(locked))}/\w+/"
+                                                 r"libchaos_cuda.so failed \(exit \d+\)"):
+            build.deliver_shim(transport, root=str(locked))
+        assert not [p for p in locked.rglob("*") if ".upload-" in p.name]  # no staging left
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_host_without_the_python_to_unpack_is_refused_naming_it(tmp_path):
+    """A pod without a shell fails at its first command (the exec transport names it); one with a
+    shell but no python fails at the unpacking, named, and nothing is left."""
+    transport = Recording()
+    with pytest.raises(InjectionError, match=r"node-1: putting the CUDA shim at .* failed \(exit 127\)"):
+        build.deliver_shim(transport, python="/nonexistent/python3", root=str(tmp_path))
+    assert not [p for p in tmp_path.rglob("*") if ".upload-" in p.name]
