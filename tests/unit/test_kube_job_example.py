@@ -34,14 +34,14 @@ def test_each_document_is_a_valid_object_for_the_official_client(doc):
     assert model.kind == doc["kind"] and model.metadata.name == doc["metadata"]["name"]
 
 
-def test_the_profile_names_the_jobs_namespace_and_the_cluster_its_pod_joins():
+def test_the_profile_names_the_jobs_namespace_and_cluster_and_the_pod_joins_nothing():
     namespace = of_kind("Job")["metadata"]["namespace"]
     assert {d["metadata"].get("namespace", namespace) for d in DOCS} == {namespace}
     profile = profile_from_dict(YAML(typ="safe").load(of_kind("ConfigMap")["data"]["profile.yaml"]))
     kube = profile.kubernetes
     assert kube.in_cluster and kube.namespace == namespace and kube.ray_cluster in profile.ray.gcs_address
     [script] = of_kind("Job")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert f"ray start --address={profile.ray.gcs_address} --num-cpus=0 --num-gpus=0" in script
+    assert "ray start" not in script  # the harness is no Ray driver: nothing of it runs as a node
     bound = {s["name"] for d in DOCS if d["kind"].endswith("Binding") for s in d["subjects"]}
     assert bound == {of_kind("Job")["spec"]["template"]["spec"]["serviceAccountName"]}
 
