@@ -412,38 +412,33 @@ def _validate_up(args) -> None:
     """Refuse what cannot work before a supervisor is started."""
     if args.kubernetes and args.foreign:
         raise ChaosError("--kubernetes and --foreign: one kind of cluster at a time")
-    if args.foreign:
-        from chaos.embedded.foreign import ForeignConfig
-        from chaos.embedded.testhost import testhosts_supported
-
-        given = [flag for flag, value in (("--hosts", args.hosts), ("--node-recovery", args.node_recovery),
-                                          ("--recovery-delay", args.recovery_delay)) if value is not None]
-        if given:
-            raise ChaosError(f"--foreign: {', '.join(given)} do not apply (its machines are isolated test hosts; "
-                             "each node's service restarts its Ray)")
-        ForeignConfig(workers=args.workers)
-        supported, why = testhosts_supported()
-        if not supported:
-            raise ChaosError(f"--foreign: its machines are test hosts, which are not possible here: {why}")
-        return
-    if not args.kubernetes:
+    if not (args.kubernetes or args.foreign):
         args.hosts = args.hosts or "auto"
         args.node_recovery = args.node_recovery or "automatic"
         args.recovery_delay = 2.0 if args.recovery_delay is None else args.recovery_delay
         EmbeddedConfig(workers=args.workers, recovery_delay_s=args.recovery_delay)
         return
-    from chaos.embedded.kubernetes import KubeClusterConfig
     from chaos.embedded.testhost import testhosts_supported
 
-    given = [flag for flag, value in (("--hosts", args.hosts), ("--node-recovery", args.node_recovery),
-                                      ("--recovery-delay", args.recovery_delay)) if value is not None]
+    if args.kubernetes:
+        from chaos.embedded.kubernetes import KubeClusterConfig
+
+        flag, machines, recovery = ("--kubernetes", "nodes",
+                                     "the KubeRay-like reconciler and the HyperPod-like agent recover them")
+        KubeClusterConfig(workers=args.workers)
+    else:
+        from chaos.embedded.foreign import ForeignConfig
+
+        flag, machines, recovery = "--foreign", "machines", "each node's service restarts its Ray"
+        ForeignConfig(workers=args.workers)
+    given = [f for f, value in (("--hosts", args.hosts), ("--node-recovery", args.node_recovery),
+                                ("--recovery-delay", args.recovery_delay)) if value is not None]
     if given:
-        raise ChaosError(f"--kubernetes: {', '.join(given)} do not apply (its nodes are always test hosts; the "
-                         "KubeRay-like reconciler and the HyperPod-like agent recover them)")
-    KubeClusterConfig(workers=args.workers)
+        raise ChaosError(f"{flag}: {', '.join(given)} do not apply (its {machines} are always test hosts; "
+                         f"{recovery})")
     supported, why = testhosts_supported()
     if not supported:
-        raise ChaosError(f"--kubernetes: its nodes are test hosts, which are not possible here: {why}")
+        raise ChaosError(f"{flag}: its {machines} are test hosts, which are not possible here: {why}")
 
 
 def main(argv=None) -> int:
