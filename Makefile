@@ -61,7 +61,7 @@ own-script: setup
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
 DURATION ?= 240
-.PHONY: soak own-script integration integration-sessions integration-suites
+.PHONY: soak own-script integration integration-scripts integration-shapes integration-suites
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
@@ -71,11 +71,20 @@ TEST_JOBS ?= 2
 test: setup
 	$(PYTEST) tests -m "not integration" $(call XDIST,$(TEST_JOBS)) -p no:cacheprovider -rfEs --durations=15 $(ARGS)
 
-# Two named parts, each its own pytest command: make integration-sessions, make integration-suites.
-integration: integration-sessions integration-suites
-integration-sessions: setup
-	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration -p no:cacheprovider -rfEs \
-	  --durations=0 $(ARGS)
+# Three named parts, each its own pytest command of at most ~30 min on 2 cores (README):
+#   make integration-scripts   user and framework scripts in sessions of their own
+#   make integration-shapes    the resume shapes, profile stand-ins, SIGTERM/SIGKILL + sweep, the embedded cluster
+#   make integration-suites    the extended suites, the foreign-cluster stand-in's families among them
+# The two session parts re-record tests/contract/fixtures.  make -k integration runs every part
+# even when one fails.
+INTEGRATION_SCRIPTS := tests/integration/test_user_workloads.py tests/integration/test_framework_workloads.py
+integration: integration-scripts integration-shapes integration-suites
+integration-scripts: setup
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) $(INTEGRATION_SCRIPTS) -m integration -p no:cacheprovider \
+	  -rfEs --durations=0 $(ARGS)
+integration-shapes: setup
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration $(INTEGRATION_SCRIPTS:%=--ignore=%) \
+	  -p no:cacheprovider -rfEs --durations=0 $(ARGS)
 integration-suites: setup
 	$(PYTEST) -m "chaos and extended" suites --alluredir $(ALLURE) -p no:cacheprovider -rA --durations=0 $(ARGS) \
 	  || [ $$? -eq 5 ]
