@@ -142,10 +142,9 @@ SSH_FAMILIES = [
 
 @pytest.mark.extended
 def test_every_ssh_reachable_family_from_outside(foreign, request):
-    """Node reboot, rank kill, preemption and the CUDA faults (the shim delivered to the hosts
-    over SSH, the stub driver their own) through the profile, from outside: a partition needs
-    a console that survives the cut, which a profile's SSH hosts do not have (the rank-kill
-    suite says so and runs the rank kill alone)."""
+    """Node reboot, rank kill and partition (cut over SSH, which the cut keeps, healed over
+    it), preemption and the CUDA faults (the shim delivered to the hosts over SSH, the stub
+    driver their own) through the profile, from outside."""
     code, out, _, canaries = outside(request, foreign, SSH_FAMILIES, "families")
     assert code == 0 and sorted(passed(out)) == sorted(SSH_FAMILIES), out[-8000:]
     assert "the CUDA shim at /var/tmp/ray-chaos/shim/" in out, "the shim was not delivered to the hosts"
