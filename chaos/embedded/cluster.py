@@ -16,6 +16,7 @@ with this interpreter's directory first on PATH, so a job's ``python`` is the on
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import fcntl
 import itertools
@@ -193,6 +194,41 @@ def claim_slot(slot: int | None, bridge: bool) -> SlotClaim:
     raise ClusterError(f"no free embedded-cluster slot on this machine (held by other processes: {sorted(held)}; "
                        "the others have bridges left by killed sessions: `ray-chaos sweep` or "
                        "`python -m chaos.embedded down`)")
+
+
+#: how long a cluster start waits for another process's start to finish (three clusters of
+#: test hosts on 2 cores take up to ~5 min each under load).
+START_WAIT_S = 900.0
+
+
+@contextlib.contextmanager
+def one_start_at_a_time(what: str, timeout: float = START_WAIT_S):
+    """Hold the machine's start lock while ``what`` boots.  A cluster start is the burst
+    that saturates a small machine (a dozen Ray processes importing at once); two at once
+    on 2 cores can miss Ray's own fixed waits (the dashboard agent's), so parallel
+    sessions (pytest-xdist) start their clusters one after another and run side by side.
+    An flock: a start killed half-way frees it."""
+    from chaos.waits import poll_until
+
+    SLOT_LOCKS.mkdir(parents=True, exist_ok=True)
+    path = SLOT_LOCKS / "starting.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def take():
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text().strip() or "another process"
+            return False, f"{path} held by {holder}"
+        return True, "taken"
+
+    try:
+        poll_until(take, timeout, f"the machine's cluster-start lock to start {what}", interval=0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()} starting {what}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def free_bridge(slot: int | None = None, bridge: str | None = None, subnet: str | None = None) -> tuple[str, str]:
@@ -515,20 +551,8 @@ class EmbeddedCluster:
         self.config = dataclasses.replace(self.config, slot=self._claim.slot)
         self._place_on_loopback()
         try:
-            if self.config.hosts == "namespaces":
-                self._create_testhosts()
-            if self.config.gcs_ft:
-                from chaos.embedded.redis import RedisServer
-
-                # On the test-host bridge's own address when the head is a test host (it cannot
-                # reach this machine's loopback), else on loopback.
-                self.redis = RedisServer(free_port(self.config.ports()), self.temp_dir / "redis",
-                                         self.log_dir / "redis.log",
-                                         host=self.network.head_address if self.head_testhost else "127.0.0.1").start()
-            self._start_head()
-            for host in self.hosts:
-                self._boot(host)
-            self.wait_workers_alive(self.config.start_timeout_s)
+            with one_start_at_a_time(f"embedded cluster (slot {self._claim.slot})"):
+                self._start()
         except BaseException:
             self.down()
             raise
@@ -537,6 +561,22 @@ class EmbeddedCluster:
         self._head_supervisor = threading.Thread(target=self._supervise_head, name="embedded-head", daemon=True)
         self._head_supervisor.start()
         return self
+
+    def _start(self) -> None:
+        if self.config.hosts == "namespaces":
+            self._create_testhosts()
+        if self.config.gcs_ft:
+            from chaos.embedded.redis import RedisServer
+
+            # On the test-host bridge's own address when the head is a test host (it cannot
+            # reach this machine's loopback), else on loopback.
+            self.redis = RedisServer(free_port(self.config.ports()), self.temp_dir / "redis",
+                                     self.log_dir / "redis.log",
+                                     host=self.network.head_address if self.head_testhost else "127.0.0.1").start()
+        self._start_head()
+        for host in self.hosts:
+            self._boot(host)
+        self.wait_workers_alive(self.config.start_timeout_s)
 
     def _create_testhosts(self) -> None:
         """Namespaces mode: one test host per worker on a bridge with no route out."""

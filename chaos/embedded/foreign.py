@@ -32,7 +32,7 @@ from pathlib import Path
 
 import chaos
 from chaos.cluster import ClusterView
-from chaos.embedded.cluster import claim_slot, free_bridge
+from chaos.embedded.cluster import claim_slot, free_bridge, one_start_at_a_time
 from chaos.embedded.testhost import Isolation, TestHostNetwork
 from chaos.errors import ClusterError, WaitTimeout
 from chaos.waits import poll_until
@@ -108,25 +108,30 @@ class ForeignCluster:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._slot = claim_slot(cfg.slot, bridge=True)
         try:
-            bridge, subnet = free_bridge(self._slot.slot)
-            # A short state dir (unix socket paths), under /tmp: the hosts' own /tmp hides it.
-            self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-foreign-{self._slot.slot}", bridge=bridge,
-                                           subnet=subnet, boot_delay=cfg.boot_delay_s).up()
-            shared = self.base_dir / "shared"
-            shared.mkdir(exist_ok=True)
-            names = ["fc-head", *(f"fc-worker-{i}" for i in range(1, cfg.workers + 1))]
-            hosts = [self.network.add_host(name, workload=BOOT, isolation=self._isolation(name, shared))
-                     for name in names]
-            self.head, self.workers = hosts[0], hosts[1:]
-            for host in hosts:
-                host.boot(wait=False)
-            for host in hosts:
-                host.wait_up(timeout=60)
-            self._start_ray()
-            return self
+            with one_start_at_a_time(f"foreign-cluster stand-in (slot {self._slot.slot})"):
+                return self._start()
         except BaseException:
             self.down()
             raise
+
+    def _start(self) -> "ForeignCluster":
+        cfg = self.config
+        bridge, subnet = free_bridge(self._slot.slot)
+        # A short state dir (unix socket paths), under /tmp: the hosts' own /tmp hides it.
+        self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-foreign-{self._slot.slot}", bridge=bridge,
+                                       subnet=subnet, boot_delay=cfg.boot_delay_s).up()
+        shared = self.base_dir / "shared"
+        shared.mkdir(exist_ok=True)
+        names = ["fc-head", *(f"fc-worker-{i}" for i in range(1, cfg.workers + 1))]
+        hosts = [self.network.add_host(name, workload=BOOT, isolation=self._isolation(name, shared))
+                 for name in names]
+        self.head, self.workers = hosts[0], hosts[1:]
+        for host in hosts:
+            host.boot(wait=False)
+        for host in hosts:
+            host.wait_up(timeout=60)
+        self._start_ray()
+        return self
 
     def _isolation(self, name: str, shared: Path) -> Isolation:
         disk = self.base_dir / "disks" / name

@@ -31,7 +31,8 @@ import ray
 from kubernetes import client, config as kube_config
 
 from chaos.cluster import ClusterView
-from chaos.embedded.cluster import HealthChecks, SlotClaim, claim_slot, free_bridge, free_port, port_slice
+from chaos.embedded.cluster import (HealthChecks, SlotClaim, claim_slot, free_bridge, free_port,
+                                    one_start_at_a_time, port_slice)
 from chaos.embedded.kube.hyperpod import HyperPodAgent
 from chaos.embedded.kube.kubeconfig import write_kubeconfig
 from chaos.embedded.kube.kubelet import HostMachine, Kubelet, ThisMachine
@@ -133,10 +134,11 @@ class EmbeddedKubernetes:
         self._claim = claim_slot(self.config.slot, bridge=True)
         self.config = dataclasses.replace(self.config, slot=self._claim.slot)
         try:
-            self._hosts()
-            self._control_plane()
-            self._raycluster()
-            self.wait_ready(self.config.start_timeout_s)
+            with one_start_at_a_time(f"embedded Kubernetes cluster (slot {self._claim.slot})"):
+                self._hosts()
+                self._control_plane()
+                self._raycluster()
+                self.wait_ready(self.config.start_timeout_s)
         except BaseException:
             self.down()
             raise

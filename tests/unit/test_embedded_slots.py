@@ -62,3 +62,36 @@ def test_free_port_never_repeats_a_recent_hand_out(monkeypatch):
     [emb.free_port(ports) for _ in range(3)]
     with pytest.raises(ClusterError, match="no free TCP port left in 64997-64999"):
         emb.free_port(ports)
+
+
+def test_cluster_starts_take_turns_and_a_waiter_sees_who_holds_the_lock(locks):
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def first_start():
+        with emb.one_start_at_a_time("cluster A"):
+            entered.set()
+            release.wait(30)
+
+    t = threading.Thread(target=first_start)
+    t.start()
+    try:
+        assert entered.wait(30), "the first start never took the lock"
+        # another start (its own open file, so flock refuses it as another process's would)
+        with pytest.raises(Exception, match=r"cluster-start lock to start cluster B.*held by PID \d+ starting cluster A"):
+            with emb.one_start_at_a_time("cluster B", timeout=1.0):
+                pass
+    finally:
+        release.set()
+        t.join(30)
+    with emb.one_start_at_a_time("cluster B", timeout=5.0):  # freed when the first start ended
+        assert "starting cluster B" in (locks / "starting.lock").read_text()
+
+
+def test_a_failed_start_frees_the_lock(locks):
+    with pytest.raises(RuntimeError, match="boom"):
+        with emb.one_start_at_a_time("cluster A"):
+            raise RuntimeError("boom")
+    with emb.one_start_at_a_time("cluster B", timeout=1.0):
+        pass
