@@ -26,6 +26,9 @@ the classic mistakes the harness must catch.
     --initial-checkpoint  hands Train the initial weights as a checkpoint before the first
                           step, in a report without a step (there is none yet)
     --step-time S         seconds per step (default 0.3)
+    --hold-after-checkpoint K  an attempt that restored nothing waits 20 s after it reports its
+                          checkpoint at step K (a slow validation pass): a fault on that commit
+                          lands before step K + 1 is reported, however slow the machine
     --report-at-checkpoints-only  reports only when it checkpoints (every 5th step)
     --double-stride-after-restore  after loading step s, skips a save interval (goes on at s + 6)
                           and from then on saves and reports every 10th step: data skipped,
@@ -133,6 +136,8 @@ def loop(config):
             continue
         if saves:
             report_with_checkpoint(metrics, step, model, opt, rank, config["slow_checkpoint_report"])
+            if step == config["hold_after_checkpoint"] and not start:
+                time.sleep(20)
         else:
             ray.train.report(metrics)
 
@@ -188,6 +193,7 @@ if __name__ == "__main__":
     p.add_argument("--step-time", type=float, default=0.3)
     p.add_argument("--slow-checkpoint-report", type=float, default=0.0)
     p.add_argument("--slow-start", type=float, default=0.0)
+    p.add_argument("--hold-after-checkpoint", type=int, default=0)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--storage", default=os.environ.get("USER_STORAGE", "/tmp/user-train-storage"))
@@ -207,7 +213,8 @@ if __name__ == "__main__":
               "double_stride_after_restore": a.double_stride_after_restore,
               "crash_on_preemption_notice": a.crash_on_preemption_notice,
               "restore_newest_folder": a.restore_newest_folder, "slow_checkpoint_report": a.slow_checkpoint_report,
-              "slow_start": a.slow_start, "survivors_checkpoint_on_notice": a.survivors_checkpoint_on_notice}
+              "slow_start": a.slow_start, "hold_after_checkpoint": a.hold_after_checkpoint,
+              "survivors_checkpoint_on_notice": a.survivors_checkpoint_on_notice}
     relax = {"relax_collectives_on_preemption": True} if a.relax_collectives else {}
     if a.warmup_fit:
         TorchTrainer(loop, train_loop_config={**config, "steps": 3}, scaling_config=ScalingConfig(num_workers=a.workers),

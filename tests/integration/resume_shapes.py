@@ -153,14 +153,14 @@ def test_survivors_commit_without_the_preempted_rank_under_relaxed_collectives(c
 
 
 def test_an_evaluation_at_the_checkpoint_step_is_decided_by_the_fault_free_baseline(chaos, tmp_path):
-    """Killed as checkpoint 10 is committed, before step 11 is reported (steps of 2 s: the
-    commit reaches the harness on the controller's next poll, and a 1 s step was reported
-    before the kill in one run of the twin): the restart first reports step 10, evaluated after
-    loading.  No earlier attempt reported step 11, so the fault-free baseline's step 11
+    """Killed as checkpoint 10 is committed, before step 11 is reported (the first attempt
+    holds 20 s after checkpoint 10: the commit reaches the harness on the controller's next
+    poll, and with 2 s steps and no hold step 11 was reported before the kill once under two
+    xdist workers): the restart first reports step 10, evaluated after loading.  No earlier attempt reported step 11, so the fault-free baseline's step 11
     decides: reproduced where the weights and the optimizer were restored; not, where only
     the step was (the buggy twin)."""
     def run(flags, where):
-        flags = f"--evaluate-after-restore --step-time 2.0 --steps 15 {flags}"
+        flags = f"--evaluate-after-restore --hold-after-checkpoint 10 --step-time 1.0 --steps 15 {flags}"
         outcome = chaos.run(shape(chaos, tmp_path / where, flags, deterministic=True),
                             faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))], expect=chaos.expect(baseline=True))
         assert not [r for r in outcome.timeline.of("report") if r.attempt == 0 and 11 in steps_of(r).values()], \
