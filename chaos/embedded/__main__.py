@@ -86,11 +86,12 @@ def serve(args) -> int:
     elif args.foreign:
         from chaos.embedded.foreign import ForeignCluster, ForeignConfig
 
-        cluster = ForeignCluster(ForeignConfig(workers=args.workers, base_dir=base))
+        cluster = ForeignCluster(ForeignConfig(workers=args.workers, base_dir=base, cuda_driver_dir=_driver(args)))
     else:
         cluster = EmbeddedCluster(EmbeddedConfig(
             workers=args.workers, node_recovery=args.node_recovery == "automatic",
-            recovery_delay_s=args.recovery_delay, base_dir=base, hosts=_hosts_mode(args.hosts)))
+            recovery_delay_s=args.recovery_delay, base_dir=base, hosts=_hosts_mode(args.hosts),
+            cuda_driver_dir=_driver(args)))
     try:
         cluster.up()
         # The profile first: `up` returns once the ready state is written, and its caller's
@@ -259,6 +260,8 @@ def up(args) -> int:
                  "--recovery-delay", str(args.recovery_delay)]
     if args.profile_out:
         argv += ["--profile-out", str(Path(args.profile_out).resolve())]
+    if args.cuda_driver_dir:
+        argv += ["--cuda-driver-dir", str(_driver(args))]
     log_path = base / "supervisor.log"
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -408,15 +411,25 @@ def status(args) -> int:
     return 0 if st["supervisor_alive"] else 1
 
 
+def _driver(args) -> Path | None:
+    return Path(args.cuda_driver_dir).resolve() if args.cuda_driver_dir else None
+
+
 def _validate_up(args) -> None:
     """Refuse what cannot work before a supervisor is started."""
     if args.kubernetes and args.foreign:
         raise ChaosError("--kubernetes and --foreign: one kind of cluster at a time")
+    if args.cuda_driver_dir:
+        if args.kubernetes:
+            raise ChaosError("--cuda-driver-dir does not apply to --kubernetes (its pods see this machine's files: "
+                             "a session's own driver directory reaches them)")
+        if not (_driver(args) / "libcuda.so.1").is_file():
+            raise ChaosError(f"--cuda-driver-dir {args.cuda_driver_dir}: no libcuda.so.1 there")
     if not (args.kubernetes or args.foreign):
         args.hosts = args.hosts or "auto"
         args.node_recovery = args.node_recovery or "automatic"
         args.recovery_delay = 2.0 if args.recovery_delay is None else args.recovery_delay
-        EmbeddedConfig(workers=args.workers, recovery_delay_s=args.recovery_delay)
+        EmbeddedConfig(workers=args.workers, recovery_delay_s=args.recovery_delay, cuda_driver_dir=_driver(args))
         return
     from chaos.embedded.testhost import testhosts_supported
 
@@ -460,6 +473,9 @@ def main(argv=None) -> int:
                            help="plain cluster only (default automatic)")
             s.add_argument("--recovery-delay", type=float, default=None, help="plain cluster only (default 2.0)")
             s.add_argument("--profile-out", default=None, help="write a profile describing this cluster")
+            s.add_argument("--cuda-driver-dir", default=None,
+                           help="a directory with libcuda.so.1 (e.g. fixtures/cuda_stub's) first on every node's "
+                                "library path, as a GPU node has its driver: CUDA faults through the profile")
             s.add_argument("--hosts", choices=["auto", "plain", "namespaces"], default=None,
                            help="plain cluster only: workers as loopback processes or as test hosts (namespaces, "
                                 "root); auto (default): hosts if possible")

@@ -105,6 +105,10 @@ class EmbeddedConfig:
     #: (namespaces mode): the head is a test host of its own, so a head reboot is a real power
     #: cycle with a new boot id (the head-fault clusters; one test host more to start).
     head_host: str = "local"
+    #: a directory holding libcuda.so.1, first on every node's LD_LIBRARY_PATH, as a GPU node
+    #: has its driver there: a stand-in for a profile's cluster, whose sessions bring no driver
+    #: (the stub of fixtures/cuda_stub on a machine without a GPU).
+    cuda_driver_dir: Path | None = None
 
     def __post_init__(self):
         if self.workers < 1:
@@ -123,6 +127,8 @@ class EmbeddedConfig:
             raise ValueError("head_host='testhost' needs hosts='namespaces' (test hosts, root)")
         if self.gcs_reconnect_timeout_s <= 0:
             raise ValueError(f"gcs_reconnect_timeout_s must be > 0, got {self.gcs_reconnect_timeout_s}")
+        if self.cuda_driver_dir is not None and not (Path(self.cuda_driver_dir) / "libcuda.so.1").is_file():
+            raise ValueError(f"cuda_driver_dir={self.cuda_driver_dir}: no libcuda.so.1 there")
         if self.slot is not None and not 0 <= self.slot < SLOTS:
             raise ValueError(f"slot={self.slot}: expected 0-{SLOTS - 1} (one per concurrent embedded cluster)")
 
@@ -535,6 +541,9 @@ class EmbeddedCluster:
         # A job's entrypoint (`python my_train.py`) is looked up on its node's PATH: make it
         # this interpreter, the one with Ray, whatever the shell that started us had first.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+        if self.config.cuda_driver_dir is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [str(Path(self.config.cuda_driver_dir).resolve()), *filter(None, [env.get("LD_LIBRARY_PATH")])])
         return env
 
     # -- lifecycle ---------------------------------------------------------------

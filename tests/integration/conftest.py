@@ -1,6 +1,7 @@
 """One stand-in cluster for every chaos session that reaches its cluster through a profile, as
 nightly CI against staging does: started once (`python -m chaos.embedded up --profile-out`),
-stopped after the last test; each test gets it with every worker host alive again."""
+stopped after the last test; each test gets it with every worker host alive again.  Under
+make integration's xdist workers, each worker has a stand-in of its own."""
 
 import subprocess
 import sys
@@ -20,7 +21,11 @@ def _standin_cluster(tmp_path_factory):
     profile = d / "profile.yaml"
     run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(d / "cluster")],
                                     cwd=ROOT, capture_output=True, text=True, timeout=300)
-    up = run("up", "--profile-out", str(profile))
+    # its nodes get the stub CUDA driver on their library path, as a GPU node has its driver:
+    # the CUDA sessions through the profile bring none (suites/conftest.py's cuda_driver_dir)
+    from fixtures.cuda_stub import build_stub
+
+    up = run("up", "--profile-out", str(profile), "--cuda-driver-dir", str(build_stub(d / "cuda-stub")))
     assert up.returncode == 0, up.stdout + up.stderr
     yield d, profile
     down = run("down")

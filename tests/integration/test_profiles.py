@@ -81,10 +81,25 @@ def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
         swept.stdout + swept.stderr
 
 
-def _wait_injected(ledger_path, kind, timeout=400):
+def start_session(profile, reports, test):
+    """A chaos session of ``test`` through ``profile`` in a session of its own, its output in
+    reports/session.log (read when it ends before the point a test waits for)."""
+    reports.mkdir(parents=True, exist_ok=True)
+    with open(reports / "session.log", "wb") as out:
+        return subprocess.Popen(chaos_cmd(profile, reports, test), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_injected(ledger_path, kind, session, timeout=400):
+    """The ledger's injected ``kind`` entry; a session that ends first fails the test at once
+    with its output (a fault that cannot be injected there, e.g. no CUDA driver on the nodes)."""
     def check():
         entries = Ledger(ledger_path).entries().values() if ledger_path.exists() else []
         hit = next((e for e in entries if e["fault"] == kind and e["state"] == "injected"), None)
+        if hit is None and session.poll() is not None:
+            log = (ledger_path.parent / "session.log").read_text(errors="replace")
+            pytest.fail(f"the session ended (exit {session.returncode}) before a {kind} fault was injected:\n"
+                        f"{log[-4000:]}")
         return hit, f"{len(list(entries))} ledger entries"
     return poll_until(check, timeout, f"a {kind} fault to be injected", interval=0.5)
 
@@ -96,10 +111,9 @@ def _control_len(path):
 
 def test_sigkilled_session_is_cleaned_up_by_sweep(standin, tmp_path):
     _, profile = standin
-    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout"),
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = start_session(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout")
     try:
-        entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda")
+        entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda", p)
         os.kill(p.pid, signal.SIGKILL)  # mid-fault: the hang is armed, nobody left to disarm it
         p.wait(timeout=30)
     finally:
@@ -120,11 +134,15 @@ def test_sigkilled_session_is_cleaned_up_by_sweep(standin, tmp_path):
 
 def test_sigterm_reverts_on_its_way_out(standin, tmp_path):
     _, profile = standin
-    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout"),
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda")
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=300)
+    p = start_session(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout")
+    try:
+        entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda", p)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = (tmp_path / "session.log").read_text(errors="replace")
     assert p.returncode != 0
     assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted", out[-3000:]
     assert _control_len(entry["revert"]["control"]) == 0 if os.path.exists(entry["revert"]["control"]) else True
@@ -136,10 +154,9 @@ def test_sigkilled_partition_is_healed_by_sweep_and_hosts_come_back(standin, tmp
     _, profile = standin
     if not _ssh_overrides(profile):
         pytest.skip("the stand-in runs plain processes (no root for test hosts): no partition to heal")
-    p = subprocess.Popen(chaos_cmd(profile, tmp_path, "suites/test_ssh_faults.py::test_rank_kill_then_partition_over_ssh"),
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = start_session(profile, tmp_path, "suites/test_ssh_faults.py::test_rank_kill_then_partition_over_ssh")
     try:
-        entry = _wait_injected(tmp_path / "ledger.jsonl", "partition")
+        entry = _wait_injected(tmp_path / "ledger.jsonl", "partition", p)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
     finally:

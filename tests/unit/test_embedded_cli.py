@@ -12,8 +12,23 @@ from chaos.embedded.__main__ import main
     (["--kubernetes", "--recovery-delay", "1"], "--kubernetes: --recovery-delay do not apply (its nodes are always "
                                                 "test hosts"),
     (["--foreign", "--workers", "0"], "a foreign cluster needs at least 1 worker, got workers=0"),
+    (["--cuda-driver-dir", "/nonexistent-driver"], "--cuda-driver-dir /nonexistent-driver: no libcuda.so.1 there"),
+    (["--kubernetes", "--cuda-driver-dir", "/x"], "--cuda-driver-dir does not apply to --kubernetes"),
 ])
 def test_up_refuses_what_cannot_work_naming_it(argv, said, capsys, tmp_path):
     assert main(["up", "--dir", str(tmp_path), *argv]) == 2
     assert said in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_a_cuda_driver_dir_comes_first_on_every_nodes_library_path(tmp_path, monkeypatch):
+    """What a GPU node has: its driver on the library path before anything else."""
+    from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
+
+    (tmp_path / "libcuda.so.1").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/other")
+    env = EmbeddedCluster(EmbeddedConfig(cuda_driver_dir=tmp_path))._env()
+    assert env["LD_LIBRARY_PATH"] == f"{tmp_path.resolve()}:/usr/lib/other"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert EmbeddedCluster(EmbeddedConfig(cuda_driver_dir=tmp_path))._env()["LD_LIBRARY_PATH"] == str(tmp_path.resolve())
+    assert "LD_LIBRARY_PATH" not in EmbeddedCluster(EmbeddedConfig())._env()
