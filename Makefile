@@ -39,15 +39,17 @@ node_modules/.installed: package.json package-lock.json
 #                     SIGKILL + sweep sessions; re-records tests/contract/fixtures.
 # One session per pytest command: the embedded cluster, and for the kubernetes-marked suites
 # the embedded Kubernetes cluster (one at a time).  JOBS=N spreads the suite files over N
-# pytest-xdist workers, each with its own clusters — for machines with cores to spare (on 2
-# cores cluster starts under that load can miss Ray's fixed wait for the dashboard agent;
-# README).  "No tests selected" (exit 5, e.g. with ARGS="-k ...") is not a failure.
+# pytest-xdist workers, each with its own clusters, in the files' order (the foreign stand-in
+# first); their cluster starts take turns (one_start_at_a_time: on 2 cores two starts at once
+# can miss Ray's fixed wait for the dashboard agent).  "No tests selected" (exit 5, e.g. with
+# ARGS="-k ...") is not a failure.
 JOBS ?= 1
 # The campaign make chaos ends with: 180 s is the shortest run two faults fit into.
 CHAOS_SOAK ?= 180
 XDIST = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile)
+XDIST_SUITES = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile --no-loadscope-reorder)
 chaos: setup
-	$(PYTEST) -m "chaos and not extended" suites $(call XDIST,$(JOBS)) --alluredir $(ALLURE) \
+	$(PYTEST) -m "chaos and not extended" suites $(call XDIST_SUITES,$(JOBS)) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
 	$(MAKE) --no-print-directory own-script
 	$(MAKE) --no-print-directory soak DURATION=$(CHAOS_SOAK) ARGS=
@@ -61,7 +63,7 @@ own-script: setup
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
 DURATION ?= 240
-.PHONY: soak own-script integration integration-scripts integration-shapes integration-suites
+.PHONY: soak own-script integration integration-sessions integration-suites
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
@@ -71,23 +73,22 @@ TEST_JOBS ?= 2
 test: setup
 	$(PYTEST) tests -m "not integration" $(call XDIST,$(TEST_JOBS)) -p no:cacheprovider -rfEs --durations=15 $(ARGS)
 
-# Three named parts, each its own pytest command of at most ~30 min on 2 cores (README):
-#   make integration-scripts   user and framework scripts in sessions of their own
-#   make integration-shapes    the resume shapes, profile stand-ins, SIGTERM/SIGKILL + sweep, the embedded cluster
+# Two named parts, each its own pytest command over INTEGRATION_JOBS xdist workers (2: the
+# sessions are mostly waiting on Ray; their cluster starts take turns):
+#   make integration-sessions  user and framework scripts, the resume shapes, profile stand-ins,
+#                              SIGTERM/SIGKILL + sweep, the embedded cluster's command line —
+#                              chaos sessions of their own; re-records tests/contract/fixtures
 #   make integration-suites    the extended suites, the foreign-cluster stand-in's families among them
-# The two session parts re-record tests/contract/fixtures.  make -k integration runs every part
-# even when one fails.
-INTEGRATION_SCRIPTS := tests/integration/test_user_workloads.py tests/integration/test_framework_workloads.py
-integration: integration-scripts integration-shapes integration-suites
-integration-scripts: setup
-	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) $(INTEGRATION_SCRIPTS) -m integration -p no:cacheprovider \
+# make -k integration runs both even when one fails.
+INTEGRATION_JOBS ?= 2
+integration: integration-sessions integration-suites
+integration-sessions: setup
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration \
+	  $(if $(filter-out 1,$(INTEGRATION_JOBS)),-n $(INTEGRATION_JOBS) --dist worksteal) -p no:cacheprovider \
 	  -rfEs --durations=0 $(ARGS)
-integration-shapes: setup
-	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration $(INTEGRATION_SCRIPTS:%=--ignore=%) \
-	  -p no:cacheprovider -rfEs --durations=0 $(ARGS)
 integration-suites: setup
-	$(PYTEST) -m "chaos and extended" suites --alluredir $(ALLURE) -p no:cacheprovider -rA --durations=0 $(ARGS) \
-	  || [ $$? -eq 5 ]
+	$(PYTEST) -m "chaos and extended" suites $(call XDIST_SUITES,$(INTEGRATION_JOBS)) --alluredir $(ALLURE) \
+	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
 
 report: setup
 	$(PY) -m chaos.allure_site

@@ -205,17 +205,19 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=skipped)
             items[:] = [i for i in items if not i.get_closest_marker(marker)]
     # Grouped by the cluster they need (stable: file order within a group), so a session
-    # starts each kind of cluster once: the embedded one, head-loss clusters, Kubernetes.
+    # starts each kind of cluster once: the foreign stand-in, the embedded one, head-loss
+    # clusters, Kubernetes.  The foreign stand-in's file, the longest, comes first: xdist's
+    # loadfile (make's JOBS, --no-loadscope-reorder) hands files out in this order.
     items.sort(key=_cluster_order)
 
 
 def _cluster_order(item) -> tuple:
     if "foreign" in getattr(item, "fixturenames", ()):  # suites/test_foreign_cluster.py: a cluster of its own
-        return 3, ""
+        return 0, ""
     head = item.get_closest_marker("head_faults")
     if head is not None:
-        return 1, Clusters.head_kind(head)
-    return (2, "") if item.get_closest_marker("kubernetes") else (0, "")
+        return 2, Clusters.head_kind(head)
+    return (3, "") if item.get_closest_marker("kubernetes") else (1, "")
 
 
 def live_reporter(config) -> Reporter:

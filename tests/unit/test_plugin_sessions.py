@@ -128,3 +128,22 @@ def test_head_faults_on_a_profile_are_refused_or_skipped_before_touching_it(tmp_
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert said in p.stdout, p.stdout[-3000:]
     assert p.returncode == (1 if allow_head == "false" else 0), p.stdout[-3000:]
+
+
+def test_suites_run_grouped_by_cluster_with_the_foreign_stand_in_first():
+    """The foreign stand-in's file (the longest) first, so xdist's loadfile starts it first;
+    then one group per cluster kind, file order kept within a group."""
+    import types
+
+    from chaos.pytest_plugin import _cluster_order
+
+    class Marker:
+        def __init__(self, args=()):
+            self.args, self.kwargs = args, {}
+
+    def item(name, fixtures=(), **markers):
+        return types.SimpleNamespace(name=name, fixturenames=fixtures,
+                                     get_closest_marker=lambda m: Marker() if m in markers else None)
+
+    items = [item("k8s", kubernetes=True), item("raylet-1"), item("foreign", fixtures=("foreign",)), item("raylet-2")]
+    assert [i.name for i in sorted(items, key=_cluster_order)] == ["foreign", "raylet-1", "raylet-2", "k8s"]
