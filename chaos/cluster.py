@@ -63,10 +63,9 @@ class Target:
 
 
 class ClusterView:
-    def __init__(self, dashboard_url: str, gcs_address: str, driver_ip: str | None = None):
+    def __init__(self, dashboard_url: str, gcs_address: str):
         self.dashboard_url = dashboard_url
         self.gcs_address = gcs_address
-        self.driver_ip = driver_ip
         self._watch_stop = threading.Event()
         self._watchers: list[threading.Thread] = []
 

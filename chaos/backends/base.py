@@ -77,7 +77,7 @@ def profile_view(profile, where: str) -> ClusterView:
     ray_settings = profile.ray
     # Before anything else reaches the cluster: one it cannot judge is refused, naming both Rays.
     require_same_ray(dashboard_ray_version(ray_settings.dashboard_url), where=where)
-    return ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address, ray_settings.driver_ip)
+    return ClusterView(ray_settings.dashboard_url, ray_settings.gcs_address)
 
 
 def ray_node_info(cluster: ClusterView, node_id: str) -> NodeInfo | None:

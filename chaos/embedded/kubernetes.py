@@ -1,8 +1,8 @@
 """The embedded Kubernetes cluster: a KubeRay RayCluster on HyperPod-like nodes, with the
 control plane emulated and everything under it real.
 
-Nodes: one ``head`` node backed by this machine (the harness is a Ray driver and needs the
-head's raylet on its own machine) and one test host per worker, named ``hyperpod-<instance
+Nodes: one ``head`` node backed by this machine (the
+head needs no test host of its own: no fault here takes the head) and one test host per worker, named ``hyperpod-<instance
 id>`` and labelled as HyperPod EKS labels its nodes.  On them: the emulated API server
 (``chaos.embedded.kube``) with the kubelet running pods as real process trees, the
 KubeRay-like reconciler creating the Ray pods from a RayCluster, the HyperPod-like agent
@@ -270,7 +270,7 @@ class EmbeddedKubernetes:
         allowlisted by its instance-group label, the head pod never."""
         return {
             "name": name, "protected": False,
-            "ray": {"dashboard_url": self.dashboard_url, "gcs_address": self.gcs_address, "driver_ip": self.head_ip},
+            "ray": {"dashboard_url": self.dashboard_url, "gcs_address": self.gcs_address},
             "storage": {"path": str(self.storage_path)},
             "nodes": {"discovery": "ray"},
             "hosts": {"defaults": {"transport": "k8s"}},

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import io
-import ipaddress
 import logging
 import os
 import types
@@ -35,8 +34,7 @@ from ruamel.yaml.nodes import ScalarNode
 
 from chaos.errors import ProfileError
 from chaos.faults import catalog
-from chaos.profile.models import (SECRET_HINT, FaultsSettings, Problem, Profile, ProfileInvalid, host_port,
-                                  problem_text)
+from chaos.profile.models import SECRET_HINT, FaultsSettings, Problem, Profile, ProfileInvalid, problem_text
 from chaos.secrets import is_secret_name, secret_value_in
 
 log = logging.getLogger(__name__)
@@ -263,7 +261,7 @@ def profile_from_dict(data: Mapping, source: str | None = None) -> Profile:
 
 # -- embedded profiles, writing ------------------------------------------------------------------
 def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, hosts: list[dict], *,
-                     name: str = "embedded", driver_ip: str | None = None) -> dict:
+                     name: str = "embedded") -> dict:
     """The profile (as a dict) of an already-running embedded cluster.
 
     ``hosts``: one dict per worker host: ``address`` (required), ``hostname``, ``transport``
@@ -271,12 +269,6 @@ def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, ho
     (user, port, key_file, known_hosts, ...).  Every host is allowlisted by address; the
     head never is.  Raises ProfileError when the result would not validate.
     """
-    host = host_port(gcs_address, "gcs_address")[0]
-    if driver_ip is None:
-        try:
-            driver_ip = str(ipaddress.ip_address(host))
-        except ValueError:
-            driver_ip = None
     overrides, allow = [], []
     for i, h in enumerate(hosts):
         unknown = set(h) - {"address", "hostname", "transport", "ssh", "netns"}
@@ -296,8 +288,7 @@ def embedded_profile(gcs_address: str, dashboard_url: str, storage_path: str, ho
     data: dict[str, Any] = {
         "name": name,
         "protected": False,
-        "ray": {"dashboard_url": dashboard_url, "gcs_address": gcs_address,
-                **({"driver_ip": driver_ip} if driver_ip else {})},
+        "ray": {"dashboard_url": dashboard_url, "gcs_address": gcs_address},
         "storage": {"path": str(storage_path)},
         "nodes": {"discovery": "ray"},
         "hosts": {"defaults": {"transport": "local"}, "overrides": overrides},

@@ -86,7 +86,6 @@ def test_minimal_profile_defaults(tmp_path):
 def test_vm_example_details():
     p = load_profile(EXAMPLES / "vm-ssh.yaml")
     assert p.hosts.defaults.ssh.jump() == ("ops", "bastion.staging.example.com", 22)
-    assert p.ray.driver_ip == "10.20.0.5"
     assert [sel.describe() for sel in p.safety.allowlist] == \
         ["address=10.20.0.0/24", "hostname=cpu-worker-*", "label chaos=ok"]
 
@@ -295,7 +294,7 @@ def test_addresses_validated(tmp_path):
     f = tmp_path / "staging.yaml"
     assert_problem(msg, f, 3, "ray.dashboard_url", "must be http://host:port")
     assert_problem(msg, f, 4, "ray.gcs_address", "without a scheme")
-    assert_problem(msg, f, 5, "ray.driver_ip", "must be an IP address")
+    assert_problem(msg, f, 5, "ray.driver_ip", "is no longer used: the harness is no Ray driver")
     msg = error_of(tmp_path, MINIMAL.replace("10.0.0.1:6379", "10.0.0.1:99999"))
     assert_problem(msg, f, 4, "ray.gcs_address", "out of range")
     p = load_profile(write(tmp_path, MINIMAL.replace("10.0.0.1:6379", "'[fd00::1]:6379'")))
@@ -556,7 +555,7 @@ def test_embedded_profile_round_trip(tmp_path):
     assert path.read_text().startswith("# ray-chaos-harness profile")
     assert yaml.safe_load(path.read_text()) == data
     p = load_profile(path)
-    assert p.name == "embedded" and p.ray.driver_ip == "127.0.1.1"
+    assert p.name == "embedded" and "driver_ip" not in data["ray"]
     assert p.access_for("127.0.1.2").transport == "local"
     th = p.access_for("198.18.0.3")
     assert (th.transport, th.ssh.key_file, th.ssh.trust_on_first_use) == ("ssh", str(tmp_path / "id"), False)

@@ -2,8 +2,8 @@
 
 Each node is backed by a ``NodeMachine``: a ``HostMachine`` (a test host, whose containers run
 inside its PID/mount/UTS/IPC/network namespaces through ``nsenter``) or ``ThisMachine`` (the root
-namespace — the Ray head pod runs there, because the harness is a Ray driver and needs the head's
-raylet on its own machine).  What a real kubelet does and this one does too:
+namespace — the Ray head pod runs there, which no fault here takes, so it needs no
+test host of its own).  What a real kubelet does and this one does too:
 
 * registers each node's ``Node`` (labels, InternalIP + Hostname addresses, ``nodeInfo.bootID``,
   capacity/allocatable, conditions) and keeps ``Ready`` and ``bootID`` true to the machine: host
