@@ -207,34 +207,51 @@ def claim_slot(slot: int | None, bridge: bool) -> SlotClaim:
 START_WAIT_S = 900.0
 
 
+_STARTING = threading.RLock()  # this process's side of the start lock: re-entrant, threads queue
+_starting_depth = 0
+
+
 @contextlib.contextmanager
 def one_start_at_a_time(what: str, timeout: float = START_WAIT_S):
     """Hold the machine's start lock while ``what`` boots.  A cluster start is the burst
     that saturates a small machine (a dozen Ray processes importing at once); two at once
     on 2 cores can miss Ray's own fixed waits (the dashboard agent's), so parallel
     sessions (pytest-xdist) start their clusters one after another and run side by side.
-    An flock: a start killed half-way frees it."""
+    An flock between processes (a start killed half-way frees it); within one process a
+    re-entrant lock, so a start inside a start never waits for itself."""
+    global _starting_depth
     from chaos.waits import poll_until
 
-    SLOT_LOCKS.mkdir(parents=True, exist_ok=True)
-    path = SLOT_LOCKS / "starting.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def take():
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = path.read_text().strip() or "another process"
-            return False, f"{path} held by {holder}"
-        return True, "taken"
-
+    if not _STARTING.acquire(timeout=timeout):
+        raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for this process's other cluster start to finish "
+                          f"before starting {what}")
+    fd = None
     try:
-        poll_until(take, timeout, f"the machine's cluster-start lock to start {what}", interval=0.5)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"PID {os.getpid()} starting {what}\n".encode(), 0)
-        yield
+        if _starting_depth == 0:
+            SLOT_LOCKS.mkdir(parents=True, exist_ok=True)
+            path = SLOT_LOCKS / "starting.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+            def take():
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = path.read_text().strip() or "another process"
+                    return False, f"{path} held by {holder}"
+                return True, "taken"
+
+            poll_until(take, timeout, f"the machine's cluster-start lock to start {what}", interval=0.5)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"PID {os.getpid()} starting {what}\n".encode(), 0)
+        _starting_depth += 1
+        try:
+            yield
+        finally:
+            _starting_depth -= 1
     finally:
-        os.close(fd)  # releases the flock
+        if fd is not None:
+            os.close(fd)  # releases the flock
+        _STARTING.release()
 
 
 def free_bridge(slot: int | None = None, bridge: str | None = None, subnet: str | None = None) -> tuple[str, str]:

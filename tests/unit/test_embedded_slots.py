@@ -65,28 +65,31 @@ def test_free_port_never_repeats_a_recent_hand_out(monkeypatch):
 
 
 def test_cluster_starts_take_turns_and_a_waiter_sees_who_holds_the_lock(locks):
-    import threading
+    """Another process's start waits (here: a child process, as an xdist worker is) and is
+    told who holds the lock; once the first start is over, it goes ahead."""
+    import subprocess
+    import sys
 
-    entered, release = threading.Event(), threading.Event()
+    probe = ("import sys; from pathlib import Path; from chaos.embedded import cluster as emb; "
+             "emb.SLOT_LOCKS = Path(sys.argv[1])\n"
+             "try:\n    with emb.one_start_at_a_time('cluster B', timeout=float(sys.argv[2])): print('started B')\n"
+             "except Exception as e: print(e)")
 
-    def first_start():
-        with emb.one_start_at_a_time("cluster A"):
-            entered.set()
-            release.wait(30)
+    def other_start(timeout):
+        return subprocess.run([sys.executable, "-c", probe, str(locks), str(timeout)], capture_output=True,
+                              text=True, timeout=60).stdout
 
-    t = threading.Thread(target=first_start)
-    t.start()
-    try:
-        assert entered.wait(30), "the first start never took the lock"
-        # another start (its own open file, so flock refuses it as another process's would)
-        with pytest.raises(Exception, match=r"cluster-start lock to start cluster B.*held by PID \d+ starting cluster A"):
-            with emb.one_start_at_a_time("cluster B", timeout=1.0):
-                pass
-    finally:
-        release.set()
-        t.join(30)
-    with emb.one_start_at_a_time("cluster B", timeout=5.0):  # freed when the first start ended
-        assert "starting cluster B" in (locks / "starting.lock").read_text()
+    with emb.one_start_at_a_time("cluster A"):
+        seen = other_start(1.0)
+        assert "cluster-start lock to start cluster B" in seen and "held by PID" in seen, seen
+        assert "starting cluster A" in seen, seen
+    assert other_start(5.0).strip() == "started B"
+
+
+def test_a_start_inside_a_start_of_the_same_process_does_not_wait_for_itself(locks):
+    with emb.one_start_at_a_time("cluster A"):
+        with emb.one_start_at_a_time("its part", timeout=1.0):
+            pass
 
 
 def test_a_failed_start_frees_the_lock(locks):
