@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,21 @@ def make_kubectl(binary: str | Path, server: ApiServer, tmp_path: Path, name: st
     home = tmp_path / f"home-{name}"
     home.mkdir()
     return Kubectl(str(binary), home, write_kubeconfig(tmp_path / f"kubeconfig-{name}", server.url))
+
+
+@contextlib.contextmanager
+def host_network(state_dir: Path, bridge: str, subnet: str):
+    """Test hosts on a bridge of the test's own (skipped without root/namespaces): what a crashed
+    earlier run left on it swept first; after the test, every host and the bridge must be gone."""
+    from chaos.embedded import netns, testhost
+
+    ok, reason = testhost.testhosts_supported()
+    if not ok:
+        pytest.skip(reason)
+    testhost.TestHostNetwork.sweep(bridge)
+    net = testhost.TestHostNetwork(state_dir=state_dir, bridge=bridge, subnet=subnet, boot_delay=0.1, boot_timeout=15)
+    try:
+        yield net.up()
+    finally:
+        net.close()
+        assert not netns.netns_names(f"{bridge}-") and not netns.link_exists(bridge), "test host network left behind"

@@ -25,7 +25,7 @@ import pytest
 
 from chaos.backends.base import Host
 from chaos.cluster import Node, Target
-from chaos.embedded import netns, testhost
+from chaos.embedded import testhost
 from chaos.embedded.kube import ApiServer
 from chaos.embedded.kube.hyperpod import api_client_for
 from chaos.embedded.kube.kubelet import HostMachine, Kubelet
@@ -39,7 +39,7 @@ from chaos.timeline import Timeline
 from chaos.transport.kube import KubeExecTransport
 from chaos.transport.kube_access import KubeAccess
 from chaos.waits import poll_until
-from kube_helpers import wait_for
+from kube_helpers import host_network, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE, SUBNET = "ckc0", "198.18.202.0/28"
@@ -88,17 +88,10 @@ def node_host(tmp_path_factory):
     stub = build_stub(base / "cuda")
     isolation = testhost.Isolation(binds=((sys.prefix, "/opt/ray"), (str(stub), DRIVER)),
                                    hide=tuple(sorted({str(ROOT), sys.prefix})))
-    testhost.TestHostNetwork.sweep(BRIDGE)  # what a crashed earlier run left
-    net = testhost.TestHostNetwork(state_dir=base / "hosts", bridge=BRIDGE, subnet=SUBNET, boot_delay=0.1,
-                                   boot_timeout=15)
-    try:
-        net.up()
+    with host_network(base / "hosts", BRIDGE, SUBNET) as net:
         host = net.add_host(NODE, isolation=isolation)
         host.boot()
         yield host
-    finally:
-        net.close()
-        assert not netns.netns_names(f"{BRIDGE}-") and not netns.link_exists(BRIDGE), "test host network left behind"
 
 
 @pytest.fixture

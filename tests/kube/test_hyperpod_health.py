@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.embedded import netns, testhost
 from chaos.embedded.kube import ApiServer
 from chaos.embedded.kube.health import DEFAULT_XID_ACTIONS, HealthMonitor, parse_xid
 from chaos.embedded.kube.hyperpod import (DETECT_STEPS, FAULT_REASONS_LABEL, FAULT_TYPES_LABEL, NO_XID_SINCE_REBOOT,
@@ -26,7 +25,7 @@ from chaos.embedded.kube.hyperpod import (DETECT_STEPS, FAULT_REASONS_LABEL, FAU
 from chaos.embedded.kube.resources import NODES
 from chaos.hyperpod import (HEALTH_LABEL, INSTANCE_ID_LABEL, NVIDIA_ERROR_REBOOT, NVIDIA_ERROR_REPLACE, PENDING_REBOOT,
                             PENDING_REPLACEMENT, SCHEDULABLE)
-from kube_helpers import add_node
+from kube_helpers import add_node, host_network
 
 ID1, ID2 = "i-0123456789abcdef0", "i-0fedcba9876543210"
 NODE = "hyperpod-" + ID1
@@ -359,30 +358,21 @@ BRIDGE, SUBNET = "chm0", "198.18.201.0/28"
 
 
 @pytest.fixture
-def host_network(tmp_path_factory):
-    ok, reason = testhost.testhosts_supported()
-    if not ok:
-        pytest.skip(reason)
-    testhost.TestHostNetwork.sweep(BRIDGE)
-    net = testhost.TestHostNetwork(state_dir=tmp_path_factory.mktemp("health-hosts"), bridge=BRIDGE, subnet=SUBNET,
-                                   boot_delay=0.1, boot_timeout=15)
-    try:
-        yield net.up()
-    finally:
-        net.close()
-        assert not netns.netns_names(f"{BRIDGE}-") and not netns.link_exists(BRIDGE), "test host network left behind"
+def health_hosts(tmp_path_factory):
+    with host_network(tmp_path_factory.mktemp("health-hosts"), BRIDGE, SUBNET) as net:
+        yield net
 
 
-def test_an_xid_written_to_kmsg_inside_a_test_host_reboots_its_node(host_network, tmp_path):
+def test_an_xid_written_to_kmsg_inside_a_test_host_reboots_its_node(health_hosts, tmp_path):
     from chaos.embedded.kube.kubelet import HostMachine, Kubelet
     from chaos.embedded.kube.testhost_hosts import TestHostHosts
 
-    host = host_network.add_host("hm-a")
+    host = health_hosts.add_host("hm-a")
     host.boot()
     kubelet = Kubelet(tmp_path / "pods")
     kubelet.add_node("hm-a", HostMachine(host), {HEALTH_LABEL: SCHEDULABLE})
     with ApiServer(lifecycle=kubelet, bookmark_interval_s=0.3) as server:
-        agent = start_agent(server, TestHostHosts(host_network, kubelet))
+        agent = start_agent(server, TestHostHosts(health_hosts, kubelet))
         try:
             before, start = host.boot_id, server.store.resource_version
             token = uuid.uuid4().hex[:12]

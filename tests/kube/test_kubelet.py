@@ -18,16 +18,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
-from chaos.embedded import netns
 from chaos.embedded.kube import ApiServer
 from chaos.embedded.kube.hyperpod import HyperPodAgent, api_client_for
 from chaos.embedded.kube.kubelet import HostMachine, Kubelet, ThisMachine
 from chaos.embedded.kube.resources import NODES, PODS, prepare_new
 from chaos.embedded.kube.testhost_hosts import TestHostHosts
-from chaos.embedded import testhost
-from chaos.embedded.testhost import TestHostNetwork
 from chaos.hyperpod import HEALTH_LABEL, INSTANCE_GROUP_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
-from kube_helpers import wait_for
+from kube_helpers import host_network, wait_for
 
 BRIDGE, SUBNET = "ckl0", "198.18.200.0/24"
 HOSTS = ("kl-a", "kl-b")
@@ -36,20 +33,10 @@ HEAD = "kl-head"
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
-    ok, reason = testhost.testhosts_supported()
-    if not ok:
-        pytest.skip(reason)
-    TestHostNetwork.sweep(BRIDGE)  # what a crashed earlier run left
-    net = TestHostNetwork(state_dir=tmp_path_factory.mktemp("kubelet-hosts"), bridge=BRIDGE, subnet=SUBNET,
-                          boot_delay=0.1, boot_timeout=15)
-    try:
-        net.up()
+    with host_network(tmp_path_factory.mktemp("kubelet-hosts"), BRIDGE, SUBNET) as net:
         for name in HOSTS:
             net.add_host(name).boot()
         yield net
-    finally:
-        net.close()
-        assert not netns.netns_names(f"{BRIDGE}-") and not netns.link_exists(BRIDGE), "test host network left behind"
 
 
 @pytest.fixture
@@ -230,9 +217,16 @@ def test_forced_delete_removes_the_object_and_kills_after_the_2s_floor(server, k
 
 
 @pytest.mark.parametrize("code, phase, reason", [(3, "Failed", "Error"), (0, "Succeeded", "Completed")])
-def test_a_container_exiting_by_itself_ends_its_pod(server, code, phase, reason):
+def test_a_container_exiting_by_itself_ends_its_pod(server, tmp_path, code, phase, reason):
+    """The container exits once the pod has been seen Running (it waits for a file the test writes
+    then: a fixed 0.2 s let it exit before its Running status was written under load)."""
+    go = tmp_path / "exit-now"
     server.pods.create(prepare_new(PODS, {"metadata": {"name": "w"}, "spec": {"nodeName": "kl-a", "containers": [
-        {"name": "ray", "command": ["sh", "-c", f"sleep 0.2; exit {code}"]}]}}, "default"))
+        {"name": "ray", "command": ["sh", "-c", f"until [ -e {go} ]; do sleep 0.05; done; exit {code}"]}]}},
+        "default"))
+    wait_for(server, lambda: pod(server, "w")["status"].get("phase") == "Running", "w Running",
+             seen=lambda: pod(server, "w")["status"])
+    go.touch()
     wait_for(server, lambda: pod(server, "w")["status"].get("phase") == phase, f"w {phase}",
              seen=lambda: pod(server, "w")["status"])
     status = pod(server, "w")["status"]
