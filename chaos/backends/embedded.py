@@ -68,7 +68,7 @@ class EmbeddedBackend(Backend):
         self.properties = _properties(self.embedded)
         if self.head_faults:
             self.head = EmbeddedHead(self.embedded)
-        return ClusterView(self.embedded.dashboard_url, self.embedded.gcs_address, self.embedded.head_ip)
+        return ClusterView(self.embedded.dashboard_url, self.embedded.gcs_address)
 
     def _close(self) -> None:
         self.head = None

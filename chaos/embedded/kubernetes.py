@@ -237,7 +237,7 @@ class EmbeddedKubernetes:
     def wait_ready(self, timeout: float) -> None:
         """Until the head's dashboard answers and every worker pod's Ray node is alive."""
         deadline = time.monotonic() + timeout
-        view = ClusterView(self.dashboard_url, self.gcs_address, self.head_ip)
+        view = ClusterView(self.dashboard_url, self.gcs_address)
         view.wait_until(lambda nodes: nodes or None, timeout, f"the Ray head pod's dashboard at {self.dashboard_url}")
         view.wait_alive_workers(self.config.workers, max(1.0, deadline - time.monotonic()))
 

@@ -593,3 +593,21 @@ def test_a_worker_node_that_joins_during_the_run_gets_the_shim_before_a_fault_is
     assert [e.data["node_id"] for e in exp.timeline.of("node_prepared")] == [W3.node_id]
     # a fault given a library already on the nodes puts nothing on a joined node either
     assert CudaFault("ecc", rank=1, shim_path="/opt/shim.so").prepare_node(ctx, W3) is None
+
+
+def test_the_embedded_backend_views_the_cluster_it_started(monkeypatch):
+    """_open as make chaos runs it, with the cluster's start faked: the view it hands the session
+    reaches the cluster's dashboard and GCS (a call no per-commit test made, so a signature
+    change of ClusterView would have failed only on a real cluster)."""
+    from chaos.embedded import cluster as embedded
+
+    class Started(embedded.EmbeddedCluster):
+        def up(self):
+            self.dashboard_port, self.gcs_port = 61001, 61000
+            return self
+
+    monkeypatch.setattr(embedded, "EmbeddedCluster", Started)
+    b = backends.EmbeddedBackend()
+    view = b._open()
+    assert (view.dashboard_url, view.gcs_address) == ("http://127.0.1.1:61001", "127.0.1.1:61000")
+    assert b.properties["nodes"] == "1 head + 3 workers"
