@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from chaos.cluster import ClusterView
+
+load_yaml = YAML(typ="safe", pure=True).load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +38,7 @@ def _standin_cluster(tmp_path_factory):
 def standin(_standin_cluster):
     """The stand-in, once node recovery has brought back any host an earlier test took down."""
     d, profile = _standin_cluster
-    data = yaml.safe_load(profile.read_text())
+    data = load_yaml(profile.read_text())
     ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"]).wait_alive_workers(
         len(data["hosts"]["overrides"]), timeout=180)
     return d, profile

@@ -14,10 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from chaos.ledger import Ledger
+from chaos.profile import dump_profile
 from chaos.waits import poll_until
+
+load_yaml = YAML(typ="safe", pure=True).load
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -29,7 +32,7 @@ def chaos_cmd(profile, reports, *args):
 
 
 def _ssh_overrides(profile):
-    data = yaml.safe_load(Path(profile).read_text())
+    data = load_yaml(Path(profile).read_text())
     return [o for o in data["hosts"].get("overrides", []) if o.get("ssh", {}).get("key_file")]
 
 
@@ -46,10 +49,10 @@ def test_dry_run_prints_targets_and_injects_nothing(standin, tmp_path):
 
 def test_protected_profile_is_refused(standin, tmp_path):
     _, profile = standin
-    data = yaml.safe_load(profile.read_text())
+    data = load_yaml(profile.read_text())
     data["protected"] = True
     protected = tmp_path / "protected.yaml"
-    protected.write_text(yaml.safe_dump(data))
+    dump_profile(data, protected)
     p = subprocess.run(chaos_cmd(protected, tmp_path, "suites/test_raylet_kill.py"), cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
@@ -169,7 +172,7 @@ def test_sigkilled_partition_is_healed_by_sweep_and_hosts_come_back(standin, tmp
                            timeout=120)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert not netns.is_partitioned(name), "sweep left the partition rules in place"
-    data = yaml.safe_load(profile.read_text())
+    data = load_yaml(profile.read_text())
     from chaos.cluster import ClusterView
 
     view = ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"])
@@ -178,11 +181,11 @@ def test_sigkilled_partition_is_healed_by_sweep_and_hosts_come_back(standin, tmp
 
 def test_health_guard_aborts_instead_of_failing(standin, tmp_path):
     _, profile = standin
-    data = yaml.safe_load(profile.read_text())
+    data = load_yaml(profile.read_text())
     workers = len(data["hosts"]["overrides"])
     data["safety"].update({"min_alive_nodes": workers, "unhealthy_for_s": 0.5})
     strict = tmp_path / "strict.yaml"
-    strict.write_text(yaml.safe_dump(data))
+    dump_profile(data, strict)
     p = subprocess.run(chaos_cmd(strict, tmp_path, "-rs", "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:]

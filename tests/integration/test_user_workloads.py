@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from chaos.safety import scan_for_secrets
 from sessions import run_session
+
+load_yaml = YAML(typ="safe", pure=True).load
+
 
 def run_suite(standin, tmp_path, workload_args, *extra, tape, timeout=900):
     """The session's exit code and output; its taped run becomes contract fixture ``tape``
@@ -30,7 +33,7 @@ def test_correct_user_script_passes(standin, tmp_path):
     assert "resumed at step 11, right after the latest checkpoint (step 10)" in out
     assert "[        PASS] healed" in out
     # Nothing the run wrote may carry the SSH private key of the stand-in's hosts or a key-like secret.
-    keys = [Path(h["ssh"]["key_file"]).read_text() for h in yaml.safe_load(standin[1].read_text())["hosts"]["overrides"]
+    keys = [Path(h["ssh"]["key_file"]).read_text() for h in load_yaml(standin[1].read_text())["hosts"]["overrides"]
             if h.get("ssh", {}).get("key_file")]
     hits = scan_for_secrets([tmp_path], secrets=keys)
     assert not hits, hits
@@ -198,7 +201,7 @@ def remove_leaked_actor(standin) -> None:
 
     from chaos.waits import poll_until
 
-    client = JobSubmissionClient(yaml.safe_load(standin[1].read_text())["ray"]["dashboard_url"])
+    client = JobSubmissionClient(load_yaml(standin[1].read_text())["ray"]["dashboard_url"])
     job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); "
                             "ray.kill(ray.get_actor('leaked', namespace='user-train'))\"")
     status = poll_until(lambda: (lambda st: (st if st in ("SUCCEEDED", "FAILED", "STOPPED") else None, st))(

@@ -28,6 +28,7 @@ from chaos.faults.base import FaultContext, Injection
 from chaos.faults.kube import (MARK, GracefulPodDelete, HyperPodReboot, HyperPodReplace, NodeDrain, PodDelete,
                                PodEvict, kube_of, list_nodes_at, wait_nodes, write_by_node_pod)
 from chaos.hyperpod import HEALTH_LABEL, INSTANCE_ID_LABEL, PENDING_REBOOT, PENDING_REPLACEMENT, SCHEDULABLE
+from chaos.profile import dump_profile
 from chaos.profile.models import HyperPodSettings
 from chaos.timeline import Timeline
 from chaos.transport.kube import KubeExecTransport
@@ -499,7 +500,6 @@ def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_sessi
     import subprocess
     import sys
 
-    import yaml
 
     from chaos.embedded.kube.kubeconfig import write_kubeconfig
     from chaos.ledger import Ledger
@@ -514,11 +514,11 @@ def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_sessi
         fault.inject(ctx, inj)  # ... and the session is SIGKILLed here: the node stays cordoned
         assert node_state(server, "n1") == (True, f"drain:{NODE_ID}")
         profile = tmp_path / "k8s.yaml"
-        profile.write_text(yaml.safe_dump({
+        dump_profile({
             "name": "k8s-sweep", "ray": {"dashboard_url": "http://127.0.0.1:9", "gcs_address": "127.0.0.1:9"},
             "storage": {"path": str(tmp_path)}, "hosts": {"defaults": {"transport": "k8s"}},
             "kubernetes": {"kubeconfig": str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
-                           "namespace": "default", "ray_cluster": "rc"}}))
+                           "namespace": "default", "ray_cluster": "rc"}}, profile)
         ray_chaos = os.path.join(os.path.dirname(sys.executable), "ray-chaos")
         done = subprocess.run([ray_chaos, "sweep", "--profile", str(profile), "--ledger", str(ledger.path)],
                               capture_output=True, text=True, timeout=60)

@@ -8,12 +8,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from ruamel.yaml import YAML
 
 from chaos.errors import ProfileError
 from chaos.faults import catalog, registry
 from chaos.profile import (Profile, ProfileInvalid, dump_profile, embedded_profile, is_secret_name, load_profile,
                            parse_profile, profile_from_dict)
+
+load_yaml = YAML(typ="safe", pure=True).load
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
 
@@ -553,7 +555,7 @@ def test_embedded_profile_round_trip(tmp_path):
     ])
     path = dump_profile(data, tmp_path / "out" / "embedded.yaml")
     assert path.read_text().startswith("# ray-chaos-harness profile")
-    assert yaml.safe_load(path.read_text()) == data
+    assert load_yaml(path.read_text()) == data
     p = load_profile(path)
     assert p.name == "embedded" and "driver_ip" not in data["ray"]
     assert p.access_for("127.0.1.2").transport == "local"
