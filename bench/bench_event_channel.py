@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chaos.cluster import ClusterView  # noqa: E402
 from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig  # noqa: E402
 from chaos.timeline import Timeline  # noqa: E402
-from chaos.train.recorder import EVENTS_LOG_DIR, chunk_name  # noqa: E402
+from chaos.train.channel import EVENTS_LOG_DIR, chunk_name  # noqa: E402
 from chaos.train.run import Run, reference_spec  # noqa: E402
 
 

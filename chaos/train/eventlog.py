@@ -27,7 +27,7 @@ from typing import Callable
 from chaos.cluster import ClusterView
 from chaos.errors import ClusterError
 from chaos.timeline import Event, Timeline
-from chaos.train.recorder import CHUNK_LINES, EVENTS_LOG_DIR, chunk_name
+from chaos.train.channel import CHUNK_LINES, EVENTS_LOG_DIR, chunk_name
 
 log = logging.getLogger(__name__)
 

@@ -33,16 +33,11 @@ from ray.train.v2._internal.execution.callback import (
 )
 
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS, NEWER_FAILURE_CONFIG_FIELDS
+from chaos.train.channel import (CHUNK_LINES, ENV_EVENTS_LOG, ENV_STATE_METRIC, ENV_STEP_METRIC, EVENTS_LOG_DIR,
+                                 chunk_name)
 from chaos.train.recording import Recording
 from chaos.train.tape import ENV_TAPE_FILE, TapeWriter
 
-ENV_STEP_METRIC = "RAY_CHAOS_STEP_METRIC"  # "auto", or comma-separated metric names tried in order
-# Append every event to logs/chaos/<this name>/events-NNNNN.jsonl under the Ray logs directory
-# of the controller's node, which the harness reads over the dashboard (chaos.train.eventlog).
-ENV_EVENTS_LOG = "RAY_CHAOS_EVENTS_LOG"
-EVENTS_LOG_DIR = "chaos"  # under the node's Ray logs directory
-CHUNK_LINES = 100  # events per file of the events log
-ENV_STATE_METRIC = "RAY_CHAOS_STATE_METRIC"  # a per-step value a correct restore reproduces (e.g. loss)
 FAILURE_POLICY_LOGGER = "ray.train.v2._internal.execution.failure_handling.default"
 
 
@@ -82,12 +77,6 @@ def events_log_dir(name: str) -> str:
     directory = os.path.join(node_logs_dir(), EVENTS_LOG_DIR, name)
     os.makedirs(directory, exist_ok=True)
     return directory
-
-
-def chunk_name(index: int) -> str:
-    """The events log's ``index``-th file: CHUNK_LINES events each, so the harness reads a
-    bounded file each time it looks (chaos.train.eventlog)."""
-    return f"events-{index:05d}.jsonl"
 
 
 class EventsLogWriter:

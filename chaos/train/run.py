@@ -26,7 +26,7 @@ from chaos.timeline import Event, Timeline, latest_run
 from chaos.triggers import run_ended
 from chaos.waits import poll_until
 from chaos.train.eventlog import EventLog
-from chaos.train.recorder import ENV_EVENTS_LOG, ENV_STATE_METRIC, ENV_STEP_METRIC
+from chaos.train.channel import ENV_EVENTS_LOG, ENV_STATE_METRIC, ENV_STEP_METRIC
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Timeline
 from chaos.train import recorder
 from chaos.train.eventlog import EventLog
-from chaos.train.recorder import CHUNK_LINES, EventsLogWriter, chunk_name, events_log_dir
+from chaos.train.channel import CHUNK_LINES, chunk_name
+from chaos.train.recorder import EventsLogWriter, events_log_dir
 
 DIR = "chaos/run-1"
 

@@ -268,3 +268,17 @@ def test_the_checks_can_fail():
     layers = {"chaos": 0, "chaos.low": 0, "chaos.high": 1, "chaos.reg": 0, "chaos.bare": 0}
     assert [a.split(" at ")[0] for a in upward(collect(fake), layers)] == [
         "chaos.low (layer 0) -> chaos.high (layer 1)", "chaos.low (layer 0) -> chaos.high.mod (layer 1)"]
+
+
+def test_the_harness_side_imports_no_ray_train():
+    """Ray Train is the run's, not the harness's: the plugin (and what it imports) loads none
+    of it — the recorder's names it shares live in chaos.train.channel — so a runner outside
+    the cluster starts without its seconds of imports."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, chaos.pytest_plugin; "
+             "print(sorted(m for m in sys.modules if m == 'ray.train' or m.startswith('ray.train.')))")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
