@@ -140,9 +140,11 @@ EXPECTED = {
         "resumed-from-latest": ("pass", f"attempt 1 resumed at step 28, {RESUMED} (step 24) on every rank"),
         "run-finished": ("pass", "FINISHED"),
     },
-    "grad_accum_resumes_past_checkpoint": {  # restores global_step one window too far
-        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 32 on every rank "
-                                        "although checkpoint step 24"),
+    "grad_accum_resumes_past_checkpoint": {  # restores global_step one window too far: the fault
+        # came after checkpoint 36 in this recording, so the restart that should go on at 40
+        # (36 + the stride of 4) goes on at 44
+        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 44 on every rank "
+                                        "although checkpoint step 36"),
     },
     # reports every 3rd step, checkpoints every 6th: the restart reports one stride (3) after
     # the latest checkpoint — 12, or 18 when the killed node's workers committed it before
