@@ -114,6 +114,7 @@ def cache_key(spec: RunSpec) -> tuple[str, dict]:
         "ray": _version("ray"),
         "torch": _version("torch"),
         "code": code_hash(spec),
+        **({"runtime_env": spec.runtime_env} if spec.runtime_env else {}),  # pip, conda: another state
     }
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     return key, material

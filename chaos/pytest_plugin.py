@@ -275,6 +275,18 @@ def chaos_env(chaos_clusters, request) -> Environment:
     return chaos_clusters.get(kind)
 
 
+def profile_workload_spec(w, name: str) -> RunSpec:
+    """A profile's entrypoint workload (``WorkloadSettings``) as a run: its runtime_env's
+    fields travel with the job (pip, excludes, its own py_modules...), not only its env_vars."""
+    extra = dict(w.runtime_env)
+    spec = user_spec(w.entrypoint, name, step_metric=w.step_metric,
+                     working_dir=extra.pop("working_dir", None) or w.working_dir,
+                     state_metric=w.state_metric, deterministic=w.deterministic)
+    spec.env_vars.update(extra.pop("env_vars", {}))
+    spec.runtime_env = extra
+    return spec
+
+
 class Clusters:
     """Opens the cluster a test needs and closes the previous one of another kind first (two
     cores run one cluster at a time), so one session can run the embedded, the head-fault
@@ -507,11 +519,7 @@ class Chaos:
                              deterministic=self._opt("chaos_deterministic"))
         profile = self.env.backend.profile
         if profile is not None and profile.workload.kind == "entrypoint":
-            w = profile.workload
-            spec = user_spec(w.entrypoint, name, step_metric=w.step_metric, working_dir=w.working_dir,
-                             state_metric=w.state_metric, deterministic=w.deterministic)
-            spec.env_vars.update((w.runtime_env or {}).get("env_vars", {}))
-            return spec
+            return profile_workload_spec(profile.workload, name)
         params.setdefault("seed", self._opt("chaos_seed"))
         params.setdefault("python", self.env.backend.python)
         return reference_spec(name, self.env.backend.storage_path, **params)

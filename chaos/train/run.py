@@ -46,6 +46,7 @@ class RunSpec:
     state_metric: str | None = None  # a per-step value a correct restore reproduces ("auto": the loss)
     deterministic: bool = False  # the same state at the same step gives the same metrics (verify.Expectation)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
+    runtime_env: dict = dataclasses.field(default_factory=dict)  # the user's own fields (pip, excludes, ...)
     params: dict = dataclasses.field(default_factory=dict)  # for reports only
     user_workload: bool = False
 
@@ -82,9 +83,17 @@ def user_spec(command: str, name: str, step_metric: str = "auto", working_dir: s
                    params={"workload": command}, user_workload=True)
 
 
+# Compiled caches are never shipped: Ray hashes a directory twice per submission (once for the
+# job's runtime_env, once to upload it), so a .pyc written in between (any process importing the
+# harness from a checkout) leaves the job naming a package that was never uploaded.
+PACKAGE_EXCLUDES = ["__pycache__", "*.pyc"]
+
+
 def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
-    """The job's runtime_env: the harness package, the recorder switched on, and ``harness_env``
-    (where the recorder sends its events, the fault's settings), then the spec's own variables."""
+    """The job's runtime_env: the user's own fields, the harness package beside their modules,
+    the recorder switched on, and ``harness_env`` (where the recorder sends its events, the
+    fault's settings), then the spec's own variables."""
+    user = {k: v for k, v in spec.runtime_env.items() if k not in ("env_vars", "py_modules", "excludes")}
     env = {
         "RAY_TRAIN_CALLBACKS": RECORDER,
         ENV_STEP_METRIC: spec.step_metric,
@@ -94,7 +103,8 @@ def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
         **harness_env,
         **spec.env_vars,
     }
-    renv: dict = {"py_modules": [str(Path(chaos.__file__).parent)], "env_vars": env}
+    renv: dict = {**user, "py_modules": [str(Path(chaos.__file__).parent), *spec.runtime_env.get("py_modules", [])],
+                  "env_vars": env, "excludes": [*spec.runtime_env.get("excludes", []), *PACKAGE_EXCLUDES]}
     if spec.working_dir:
         renv["working_dir"] = spec.working_dir
     return renv
