@@ -63,10 +63,14 @@ def test_initial_checkpoint_without_a_step(chaos, tmp_path):
 def test_reports_only_at_checkpoints_fault_after_the_first(chaos, tmp_path):
     """Killed after the first checkpoint: nothing yet shows the stride.  Killed again after the
     third: the stride (5) is what the reports before that fault show, so attempt 2 must begin
-    at the step that follows it (the healthy twin of the doubled stride below)."""
-    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only"),
+    at the step that follows it (the healthy twin of the doubled stride below).  The first
+    attempt holds 20 s after checkpoint 5: under three xdist workers the kill once came after
+    checkpoint 10, whose reports showed the stride."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only --hold-after-checkpoint 5"),
                         faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1)),
                                 (AfterCheckpoint(3), chaos.raylet_kill(rank=1))])
+    first = sorted({s for r in outcome.timeline.of("report") if r.attempt == 0 for s in steps_of(r).values()})
+    assert first == [5], f"attempt 0 reported steps {first} before the kill: the shape needs only checkpoint 5"
     v = resume(outcome)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
     v = resume(outcome, 2)
