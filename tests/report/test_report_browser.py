@@ -41,6 +41,9 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--remote-debugging-port=0",
+    # The report loads Google Tag Manager (Allure 3's awesome plugin always does): resolve no
+    # name but the loopback address, so the browser sends nothing, DNS included, off this machine.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
     "--window-size=1400,1000",
 ]
 START_TIMEOUT_S = 30
@@ -116,6 +119,10 @@ def served_report(allure_report, tmp_path):
     try:
         match = read_line_matching(proc, proc.stdout, r"port (\d+)", START_TIMEOUT_S, "the HTTP server to listen")
         yield f"http://127.0.0.1:{match.group(1)}/"
+        if proc.poll() is not None:  # a fetch that failed in the browser may be this
+            log.flush()
+            pytest.fail(f"the report's HTTP server (pid {proc.pid}) exited ({proc.returncode}) during the test; "
+                        f"its log ends:\n{(tmp_path / 'http.log').read_text()[-3000:]}")
     finally:
         stop(proc)
         log.close()
@@ -128,6 +135,8 @@ class DevTools:
         self.ws = websocket.create_connection(ws_url, timeout=PAGE_TIMEOUT_S, suppress_origin=True)
         self.next_id = 0
         self.session = None
+        self.urls: dict[str, str] = {}  # Network request id -> URL
+        self.failed_loads: list[str] = []  # Network.loadingFailed: why a fetch failed, for failure messages
 
     def call(self, method: str, timeout: float = PAGE_TIMEOUT_S, **params):
         self.next_id += 1
@@ -142,7 +151,13 @@ class DevTools:
                 reply = json.loads(self.ws.recv())
             except websocket.WebSocketTimeoutException:
                 pytest.fail(f"no answer to {method} within {timeout:.0f}s")
-            if reply.get("id") == self.next_id:  # anything else is an event: not needed here
+            event, params = reply.get("method"), reply.get("params", {})
+            if event == "Network.requestWillBeSent":
+                self.urls[params["requestId"]] = params["request"]["url"]
+            elif event == "Network.loadingFailed":
+                url = self.urls.get(params["requestId"], f"request {params['requestId']}")
+                self.failed_loads.append(f"{url}: {params.get('errorText')}")
+            if reply.get("id") == self.next_id:  # any other event is not needed
                 if "error" in reply:
                     pytest.fail(f"{method} failed: {reply['error']}")
                 return reply["result"]
@@ -151,6 +166,7 @@ class DevTools:
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.call("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False)
+        self.call("Network.enable")  # loadingFailed names a failed fetch's network error (refused, reset, changed...)
         self.call("Page.navigate", url=url)
 
     def wait_for(self, condition_js: str, what: str, timeout: float = PAGE_TIMEOUT_S):
@@ -176,7 +192,9 @@ class DevTools:
         }})"""
         result = self.call("Runtime.evaluate", timeout=timeout + 5, expression=script, awaitPromise=True, returnByValue=True)
         if "exceptionDetails" in result:
-            pytest.fail(f"waiting for {what}: {result['exceptionDetails'].get('exception', {}).get('description')}")
+            failed = "; ".join(self.failed_loads) or "none"
+            pytest.fail(f"waiting for {what}: {result['exceptionDetails'].get('exception', {}).get('description')}\n"
+                        f"requests that failed in the browser: {failed}")
         return result["result"].get("value")
 
     def click_text(self, text: str, what: str) -> None:
