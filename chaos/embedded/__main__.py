@@ -3,7 +3,8 @@
 `up` starts a supervisor process (`serve`, its own session, tracked by PID in a state file)
 that owns the cluster and returns once the cluster is ready.  `down` asks that supervisor to
 stop (SIGTERM) and waits for it; if it is gone without cleaning up, `down` stops what the
-state file records by PID itself.  `status` prints the state file.  `--profile-out` writes a
+state file records by PID itself — only PIDs recorded in this boot (the state keeps the boot
+id and the supervisor's start time: after a reboot its PIDs name other processes).  `status` prints the state file.  `--profile-out` writes a
 profile that points the harness at the cluster.
 
 Three kinds of cluster:
@@ -35,6 +36,8 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
+
 from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig
 from chaos.errors import ChaosError
 from chaos.procs import session_members
@@ -61,6 +64,33 @@ def _write_state(base: Path, state: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(state, indent=1))
     os.replace(tmp, path)
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _supervisor() -> dict:
+    """Who wrote the state: its PID, when it started and in which boot — a PID alone names
+    another process after a reboot (or, rarely, a wrap), and `down` must never signal that."""
+    return {"serve_pid": os.getpid(), "serve_started": psutil.Process().create_time(), "boot_id": _boot_id()}
+
+
+def _this_boot(st: dict) -> bool:
+    """The state's PIDs were written in this boot (a state without a boot id proves nothing)."""
+    return st.get("boot_id") == _boot_id()
+
+
+def _supervisor_alive(st: dict) -> bool:
+    """The state's supervisor still runs: its PID alive, in this boot, with its start time."""
+    pid = st.get("serve_pid")
+    if not pid or not _this_boot(st):
+        return False
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    return abs(started - st.get("serve_started", started)) < 1.0
 
 
 def serve(args) -> int:
@@ -101,14 +131,14 @@ def serve(args) -> int:
         if args.kubernetes:
             keeper = _KubeStateKeeper(base, cluster).start()  # writes the ready state
         elif args.foreign:
-            _write_state(base, {"kind": "foreign", "ready": True, "serve_pid": os.getpid(), **cluster.status()})
+            _write_state(base, {"kind": "foreign", "ready": True, **_supervisor(), **cluster.status()})
         else:
-            _write_state(base, {"kind": "embedded", "ready": True, "serve_pid": os.getpid(), **cluster.status()})
+            _write_state(base, {"kind": "embedded", "ready": True, **_supervisor(), **cluster.status()})
         starting = False
         stop.wait()
     except (Exception, _Stopped) as e:  # the supervisor's one report of a failed start: `up` prints it
         log.exception("the embedded cluster failed")
-        _write_state(base, {"ready": False, "serve_pid": os.getpid(), "error": str(e) or type(e).__name__})
+        _write_state(base, {"ready": False, **_supervisor(), "error": str(e) or type(e).__name__})
         return 1
     finally:
         if keeper is not None:
@@ -164,7 +194,7 @@ class _KubeStateKeeper:
         with self._lock:
             if self._stopped:
                 return False
-            state = {"kind": "kubernetes", "ready": True, "serve_pid": os.getpid(), **_kube_status(self.cluster)}
+            state = {"kind": "kubernetes", "ready": True, **_supervisor(), **_kube_status(self.cluster)}
             if state != self._written:
                 _write_state(self.base, state)
                 self._written = state
@@ -242,7 +272,7 @@ def up(args) -> int:
     base.mkdir(parents=True, exist_ok=True)
     kind = "kubernetes" if args.kubernetes else "foreign" if args.foreign else "embedded"
     existing = _read_state(base)
-    if existing and existing.get("ready") and _alive(existing.get("serve_pid")):
+    if existing and existing.get("ready") and _supervisor_alive(existing):
         if existing.get("kind", "embedded") != kind:
             raise ChaosError(f"a {existing.get('kind', 'embedded')} cluster is already up under {base} (supervisor pid "
                              f"{existing['serve_pid']}): `python -m chaos.embedded down --dir {base}` first, or use "
@@ -344,8 +374,14 @@ def down(args) -> int:
     if not st:
         print("no embedded cluster recorded under", base)
         return 0
+    if not _this_boot(st):
+        print(f"the state under {base} was written in another boot (boot id {st.get('boot_id', 'not recorded')}, "
+              f"now {_boot_id()}): its PIDs name other processes now, so none is signalled")
+        _sweep_network(st)
+        _state_file(base).unlink(missing_ok=True)
+        return 0
     pid = st.get("serve_pid")
-    if _alive(pid):
+    if _supervisor_alive(st):
         os.kill(pid, signal.SIGTERM)
         try:
             poll_until(lambda: (not _alive(pid), f"supervisor {pid} still running"), args.timeout,
@@ -406,7 +442,7 @@ def status(args) -> int:
     if not st:
         print("no embedded cluster is up")
         return 1
-    st["supervisor_alive"] = _alive(st.get("serve_pid"))
+    st["supervisor_alive"] = _supervisor_alive(st)
     print(json.dumps(st, indent=1))
     return 0 if st["supervisor_alive"] else 1
 

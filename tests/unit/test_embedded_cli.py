@@ -32,3 +32,44 @@ def test_a_cuda_driver_dir_comes_first_on_every_nodes_library_path(tmp_path, mon
     monkeypatch.delenv("LD_LIBRARY_PATH")
     assert EmbeddedCluster(EmbeddedConfig(cuda_driver_dir=tmp_path))._env()["LD_LIBRARY_PATH"] == str(tmp_path.resolve())
     assert "LD_LIBRARY_PATH" not in EmbeddedCluster(EmbeddedConfig())._env()
+
+
+@pytest.fixture
+def bystander():
+    """A live session leader the harness did not start as a cluster: what a recorded PID
+    names after a reboot (or a PID wrap)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                            start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def _state(tmp_path, **fields):
+    import json
+
+    (tmp_path / "state.json").write_text(json.dumps({"kind": "embedded", "ready": True, "hosts": [], **fields}))
+
+
+def test_down_signals_no_pid_recorded_in_another_boot(tmp_path, bystander, capsys):
+    _state(tmp_path, serve_pid=bystander.pid, head_pid=bystander.pid, boot_id="an-earlier-boot")
+    assert main(["down", "--dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert "written in another boot (boot id an-earlier-boot" in said and "none is signalled" in said, said
+    assert bystander.poll() is None  # still running
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_a_recorded_supervisor_pid_that_now_names_another_process_is_not_the_supervisor(tmp_path, bystander, capsys):
+    import psutil
+
+    from chaos.embedded.__main__ import _boot_id
+
+    started = psutil.Process(bystander.pid).create_time()
+    _state(tmp_path, serve_pid=bystander.pid, serve_started=started - 60, boot_id=_boot_id())
+    assert main(["status", "--dir", str(tmp_path)]) == 1  # its start time differs: not the supervisor
+    _state(tmp_path, serve_pid=bystander.pid, serve_started=started, boot_id=_boot_id())
+    assert main(["status", "--dir", str(tmp_path)]) == 0  # the twin: the recorded process itself
