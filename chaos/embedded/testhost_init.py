@@ -150,11 +150,6 @@ def _init_main(config_path: str) -> None:
     signal.signal(POWEROFF_SIGNAL, lambda *_: _power(_RB_POWER_OFF))
     try:
         _prepare_namespace(cfg)
-        with open(cfg["sshd_log"], "ab") as sshd_log:
-            sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", cfg["sshd_config"]], stdin=subprocess.DEVNULL,
-                                    stdout=sshd_log, stderr=sshd_log,
-                                    env={"PATH": DEFAULT_PATH,
-                                         "NOTIFY_SOCKET": cfg.get("sshd_notify_socket") or cfg["notify_socket"]})
     except Exception as e:
         notify.send(f"ERROR={e}".encode())
         raise
@@ -170,6 +165,18 @@ def _init_main(config_path: str) -> None:
                 print(f"{cfg['name']}: cannot start workload: {e}", file=sys.stderr, flush=True)
                 if cfg["reboot_when_workload_exits"]:
                     _power(_RB_AUTOBOOT)
+    # sshd after the workload: its READY (the host is up) then always follows WORKLOAD, so
+    # whoever waits for the host finds the workload's PID (the head's `ray start` once
+    # looked "exited" because a busy init had not forked it yet).
+    try:
+        with open(cfg["sshd_log"], "ab") as sshd_log:
+            sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", cfg["sshd_config"]], stdin=subprocess.DEVNULL,
+                                    stdout=sshd_log, stderr=sshd_log,
+                                    env={"PATH": DEFAULT_PATH,
+                                         "NOTIFY_SOCKET": cfg.get("sshd_notify_socket") or cfg["notify_socket"]})
+    except Exception as e:
+        notify.send(f"ERROR={e}".encode())
+        raise
     print(f"{cfg['name']}: sshd PID {sshd.pid}, workload PID {workload.pid if workload else None}",
           file=sys.stderr, flush=True)
     while True:
