@@ -25,6 +25,19 @@ def one_stride_after_the_checkpoint(stride):
     check.__name__ = f"resumed one stride ({stride}) after the latest checkpoint"
     return check
 
+
+def one_stride_too_far(stride):
+    """A message check: 'resumed past the checkpoint: attempt 1 began at step ck+2*stride …
+    although checkpoint step ck', steps ck+stride..ck+2*stride skipped."""
+    def check(message):
+        m = re.search(r"resumed past the checkpoint: attempt 1 began at step (\d+) on every rank "
+                      r"although checkpoint step (\d+) .*\(steps (\d+)\.\.(\d+) were skipped\)", message)
+        return m is not None and int(m[1]) == int(m[2]) + 2 * stride and \
+            (int(m[3]), int(m[4])) == (int(m[2]) + stride, int(m[1]))
+    check.__name__ = f"resumed one stride ({stride}) past the step after the latest checkpoint"
+    return check
+
+
 # fixture -> {verdict name prefix: (status, phrase its message must contain, a check of it, or None)}.
 # Any verdict not listed must not fail and must not be unverifiable.
 EXPECTED = {
@@ -136,15 +149,14 @@ EXPECTED = {
         "run-finished": ("pass", "FINISHED"),
     },
     # gradient accumulation x4: global_step 4, 8, ... reported, a checkpoint every 12
-    "grad_accum_healthy": {
-        "resumed-from-latest": ("pass", f"attempt 1 resumed at step 28, {RESUMED} (step 24) on every rank"),
+    "grad_accum_healthy": {  # the fault lands after checkpoint 24 or 36 (both recorded): the rule
+        "resumed-from-latest": ("pass", one_stride_after_the_checkpoint(4)),
         "run-finished": ("pass", "FINISHED"),
     },
-    "grad_accum_resumes_past_checkpoint": {  # restores global_step one window too far: the fault
-        # came after checkpoint 36 in this recording, so the restart that should go on at 40
-        # (36 + the stride of 4) goes on at 44
-        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 44 on every rank "
-                                        "although checkpoint step 36"),
+    "grad_accum_resumes_past_checkpoint": {  # restores global_step one window too far: after
+        # checkpoint 24 (36 in another recording) the restart that should go on at 28 (24 + the
+        # stride of 4) goes on at 32, steps 28..32 skipped
+        "resumed-from-latest": ("fail", one_stride_too_far(4)),
     },
     # reports every 3rd step, checkpoints every 6th: the restart reports one stride (3) after
     # the latest checkpoint — 12, or 18 when the killed node's workers committed it before
