@@ -159,10 +159,14 @@ class EventLog:
         """Take whatever the log holds now, then stop (idempotent)."""
         self._stop.set()
         self._thread.join(timeout=timeout_s)
-        if self.node_id is None or not self._found or self.error is not None or self._drained:
+        if not self._found or self.error is not None or self._drained:
             return
         self._drained = True
         try:
+            if self.node_id is None:  # lost with a head that came back as a new node: where now?
+                self.node_id = self.locate()
+                if self.node_id is None:
+                    raise ClusterError(f"{self.directory} is on no alive node")
             while self._look():
                 pass
         except UnreadableEvent as e:

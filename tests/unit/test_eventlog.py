@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 
 import pytest
 
@@ -218,3 +219,24 @@ def test_cluster_view_lists_and_reads_a_nodes_log_file(dashboard):
 def test_cluster_view_names_the_url_when_the_dashboard_refuses(dashboard):
     with pytest.raises(ClusterError, match=r"could not read http://127\.0\.0\.1:\d+/nothing"):
         dashboard._get("/nothing", {}, timeout=5)
+
+
+def test_a_drain_after_the_head_came_back_as_a_new_node_reads_the_log_there():
+    """The run resubmitted after a head fault drains the lost job's log; the follower had let go
+    of the old head's node, and the restarted head (a new node id) holds the same logs
+    directory with the events the lost controller wrote before it died (seen in CI: its
+    checkpoint 15, missed, made a right resume at 16 look like one past checkpoint 10)."""
+    tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
+    log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01).start()
+    tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
+    c.alive = False
+    poll = time.monotonic() + 10
+    while log.node_id is not None and time.monotonic() < poll:  # the follower lets go of the node
+        log._stop.wait(0.01)
+    assert log.node_id is None
+    c.files[chunk(0)] = line(1) + line(2) + line(3)  # written before the old controller died
+    c.holder, c.alive = "n1", True  # the head, back under a new node id, holds the directory
+    log._stop.set()  # the follower stops before it looks again: only the drain can find them
+    log._thread.join(timeout=5)
+    log.drain(timeout_s=5)
+    assert steps(tl) == [1, 2, 3] and log.error is None
