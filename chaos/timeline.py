@@ -31,6 +31,8 @@ cluster   head_reachable       (the node table answers again)
 fault     head_loss            what a head fault did: outcome, diagnosis, gcs_ft, ... (chaos.faults.head)
 harness   job_submitted        job_id, entrypoint; resubmits (the job whose driver was lost)
 harness   job_abandoned        job_id, why (its driver was lost: the run goes on in a resubmission)
+harness   events_unread        job_id, run_id, next_attempt, why (the abandoned job's events log
+                               could not be read to its end: what it committed last is unknown)
 harness   clock_offset         offset_s (head clock - harness clock), rtt_s
 harness   job_finished         status, message
 shim      cuda_injection       symbol, error, mode, rank, pid, call

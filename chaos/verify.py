@@ -40,7 +40,7 @@ DIAGNOSES: tuple[str, ...] = (
     "unverifiable: step metric goes back", "unverifiable: no step after the restart",
     "unverifiable: resumed at the checkpoint's own step",
     "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
-    "unverifiable: no reporting stride",
+    "unverifiable: no reporting stride", "unverifiable: events unread",
     # state-restored, final-state ("state differs": a warning — not declared deterministic)
     "state not restored", "state differs", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
     "unverifiable: no baseline",
@@ -455,9 +455,45 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
             "step_sources": first.data.get("step_sources"),
             "ranks": {j.rank: j.to_json() for j in judged},
         }
-        verdicts.append(_combine(name, attempt, judged, latest, run.ranks_agreed_before(attempt), evidence))
+        verdict = _combine(name, attempt, judged, latest, run.ranks_agreed_before(attempt), evidence)
+        gap = _unread_before(timeline, run_id, attempt, commits)
+        verdicts.append(verdict if gap is None else _against_an_unknown_checkpoint(verdict, gap, attempt))
         silent = []
     return verdicts
+
+
+#: what a checkpoint the harness did not see cannot turn into a right resume (a later
+#: checkpoint than the latest one seen only makes these worse)
+WRONG_WHATEVER_WAS_UNREAD = ("restarted from scratch", "resumed from an older checkpoint", "ranks disagree")
+
+
+def _unread_before(timeline: Timeline, run_id: str, attempt: int, commits: list[Event]) -> Event | None:
+    """The unread end of a lost job's events log (``events_unread``) that leaves the latest
+    checkpoint before ``attempt`` unknown: one before it, with no checkpoint committed since."""
+    for gap in reversed(timeline.of("events_unread", source="harness")):
+        since = gap.data.get("next_attempt")
+        if gap.data.get("run_id") == run_id and since is not None and since <= attempt:
+            return None if any(c.attempt is not None and c.attempt >= since for c in commits) else gap
+    return None
+
+
+def _against_an_unknown_checkpoint(verdict: Verdict, gap: Event, attempt: int) -> Verdict:
+    """A resume judged against the latest checkpoint *seen*, where the lost job may have
+    committed a later one nobody read: a pass (or a resume past the seen one) proves nothing.
+    The judgement on what was read stays in the evidence only: its diagnosis phrase in the
+    message would file the test under that diagnosis in the report."""
+    if verdict.status == "fail" and verdict.diagnosis in WRONG_WHATEVER_WAS_UNREAD:
+        return verdict
+    seen, got = verdict.evidence.get("latest_checkpoint_step"), verdict.evidence.get("first_step_of_attempt")
+    evidence = {**verdict.evidence, "events_unread": gap.data,
+                "judged_on_what_was_read": {"status": verdict.status, "message": verdict.message}}
+    return Verdict(verdict.name, "unverifiable",
+                   f"unverifiable: events unread: the events log of job {gap.data.get('job_id')}, whose driver was "
+                   f"lost, could not be read to its end ({gap.data.get('why')}), so a checkpoint it committed "
+                   + (f"after step {seen} " if seen is not None else "")
+                   + f"would be missing and attempt {attempt}'s start at step {got} cannot be judged (the "
+                   "evidence holds the judgement on what was read alone)",
+                   "unverifiable: events unread", evidence)
 
 
 def _step_metric_of(started: Event | None, run: _RunReports) -> str:

@@ -25,9 +25,10 @@ import time
 from typing import Callable
 
 from chaos.cluster import ClusterView
-from chaos.errors import ClusterError
+from chaos.errors import ClusterError, WaitTimeout
 from chaos.timeline import Event, Timeline
 from chaos.train.channel import CHUNK_LINES, EVENTS_LOG_DIR, chunk_name
+from chaos.waits import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._drained = False
+        self.unread: str | None = None  # why the drain could not read the rest
         self._thread = threading.Thread(target=self._run, name=f"events-{name}", daemon=True)
         self.error: Exception | None = None
 
@@ -155,22 +157,42 @@ class EventLog:
                 self._taken += 1
         return len(new)
 
-    def drain(self, timeout_s: float = 10.0) -> None:
-        """Take whatever the log holds now, then stop (idempotent)."""
+    def drain(self, timeout_s: float = 10.0) -> str | None:
+        """Take whatever the log holds now, then stop (idempotent); a log out of reach is
+        looked for again for up to ``timeout_s``.  Returns why the rest of the log could not
+        be read, None when nothing is left unread: events the recorder wrote
+        and nobody read (a lost job's last checkpoint) are missing evidence, for the caller to
+        put on the timeline."""
         self._stop.set()
         self._thread.join(timeout=timeout_s)
-        if not self._found or self.error is not None or self._drained:
-            return
+        if self.error is not None:
+            return str(self.error)
+        if not self._found or self._drained:
+            return self.unread
         self._drained = True
+
+        def read_to_the_end() -> tuple[bool, str]:
+            try:
+                if self.node_id is None:  # lost with a head that came back as a new node: where now?
+                    self.node_id = self.locate()
+                    if self.node_id is None:
+                        return False, f"{self.directory} is on no alive node"
+                while self._look():
+                    pass
+                return True, ""
+            except UnreadableEvent:
+                raise
+            except ClusterError as e:  # a head just back may not list its logs yet: look again
+                self.node_id = None
+                return False, str(e)
+
         try:
-            if self.node_id is None:  # lost with a head that came back as a new node: where now?
-                self.node_id = self.locate()
-                if self.node_id is None:
-                    raise ClusterError(f"{self.directory} is on no alive node")
-            while self._look():
-                pass
+            poll_until(read_to_the_end, timeout_s, f"the rest of the recorder's event log {self.directory}",
+                       interval=0.5)
         except UnreadableEvent as e:
             self._fail(e)
             raise
-        except ClusterError as e:
+        except WaitTimeout as e:
             log.warning("could not read the rest of the recorder's event log %s: %s", self.directory, e)
+            self.unread = str(e)
+        return self.unread

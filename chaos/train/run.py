@@ -125,15 +125,20 @@ class Submission:
     given_up: threading.Event = dataclasses.field(default_factory=threading.Event)  # abandoned: stop looking
 
 
+def continued_at(timeline: Timeline) -> tuple[str | None, int]:
+    """The run a resubmission continues (the latest) and the attempt number its first attempt gets."""
+    lost = latest_run(timeline.events)
+    return lost, max((e.attempt for e in timeline.events if e.source == "recorder" and e.attempt is not None
+                      and e.data.get("run_id") == lost), default=-1) + 1
+
+
 def continuation(timeline: Timeline) -> Callable[[Event], Event]:
     """How a resubmission's recorder events join the timeline: as more attempts of the run
     whose driver was lost (its run id; attempts numbered on from its last), which is what a
     resubmission is to whoever waits on the training (a RayJob's retry) — so every verdict
     judges the resubmission's first attempt as a restart of that run.  The resubmission's own
     Train run id is kept as ``train_run_id``."""
-    lost = latest_run(timeline.events)
-    offset = max((e.attempt for e in timeline.events if e.source == "recorder" and e.attempt is not None
-                  and e.data.get("run_id") == lost), default=-1) + 1
+    lost, offset = continued_at(timeline)
 
     def join(event: Event) -> Event:
         data = {**event.data, "train_run_id": event.data.get("run_id"), "run_id": lost}
@@ -215,8 +220,11 @@ class Run:
         except Exception as e:  # the Jobs API may keep calling a driverless job RUNNING, or not know it
             log.warning("could not stop the abandoned job %s: %s", lost.job_id, e)
         self.timeline.emit("harness", "job_abandoned", job_id=lost.job_id, why=why)
-        if lost.events is not None:
-            lost.events.drain()
+        unread = lost.events.drain() if lost.events is not None else None
+        if unread is not None:  # a checkpoint the lost job committed may be among them
+            run_id, next_attempt = continued_at(self.timeline)
+            self.timeline.emit("harness", "events_unread", job_id=lost.job_id, run_id=run_id,
+                               next_attempt=next_attempt, why=unread)
         self.submissions.append(self._new_submission())
         self.submit(transform=continuation(self.timeline), resubmits=lost.job_id)
         return self.job_id

@@ -238,5 +238,49 @@ def test_a_drain_after_the_head_came_back_as_a_new_node_reads_the_log_there():
     c.holder, c.alive = "n1", True  # the head, back under a new node id, holds the directory
     log._stop.set()  # the follower stops before it looks again: only the drain can find them
     log._thread.join(timeout=5)
-    log.drain(timeout_s=5)
+    assert log.drain(timeout_s=5) is None  # nothing left unread
     assert steps(tl) == [1, 2, 3] and log.error is None
+
+
+def test_a_drain_that_cannot_reach_the_log_says_what_it_left_unread():
+    """The head holding the lost job's log is not back (or came back without it): the drain
+    says why, for the run to put on the timeline — a checkpoint may be among what was left."""
+    tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
+    log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01).start()
+    tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
+    c.alive = False
+    poll = time.monotonic() + 10
+    while log.node_id is not None and time.monotonic() < poll:  # the follower lets go of the node
+        log._stop.wait(0.01)
+    why = log.drain(timeout_s=0.5)
+    assert why == ("timed out after 0s waiting for the rest of the recorder's event log chaos/run-1; saw: "
+                   "chaos/run-1 is on no alive node"), why
+    assert log.drain(timeout_s=0.5) == why  # asked again: the same answer
+    assert steps(tl) == [1] and log.error is None  # missing evidence, not a broken channel
+
+
+class HeadComingBack(FakeCluster):
+    """The head is back (node n1) but lists no logs for its first ``misses`` listings."""
+
+    def __init__(self, files, misses):
+        super().__init__(files, holder="n1")
+        self.misses = misses
+
+    def log_files(self, node_id, glob):
+        if self.misses > 0:
+            self.misses -= 1
+            raise ClusterError("Agent for node id: n1 doesn't exist.")
+        return super().log_files(node_id, glob)
+
+
+def test_a_drain_waits_for_a_head_that_does_not_list_its_logs_yet():
+    """Right after the head is back its log agent may not answer: the drain looks again
+    (twin of the one above, whose head never comes back)."""
+    tl = Timeline()
+    c = HeadComingBack({chunk(0): line(1) + line(2)}, misses=2)
+    log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01)
+    log._found = True  # found before the head went; the follower has let go of the node and ended
+    log._stop.set()
+    log.start()
+    assert log.drain(timeout_s=10) is None
+    assert steps(tl) == [1, 2] and c.misses == 0

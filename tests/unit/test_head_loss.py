@@ -17,16 +17,22 @@ from chaos.faults.base import FaultContext, Injection
 from chaos.faults.head import FATES, OUTCOMES, GcsKill, HeadReboot, RedisRestart
 from chaos.plot import plot_data
 from chaos.timeline import Event, Timeline, recovery_metrics
-from chaos.train.run import continuation
+from chaos.train.run import Run, RunSpec, continuation, continued_at
 from chaos.verify import (DIAGNOSES, Expectation, head_loss_outcome, recovery_time, resumed_from_latest,
                           verdicts_for, workers_after_head_loss)
 from timelines import Script
 
 
 # -- a resubmission is the lost run's next attempt -------------------------------------
-def resubmitted(first_step, fault_t_dt=0.2, report=True):
+UNREAD = "chaos/job-1 is on no alive node"
+
+
+def resubmitted(first_step, fault_t_dt=0.2, report=True, unread=None, again_fault_after=None):
     """Attempt 0 of run1 to step 12 (checkpoints 5, 10), a head fault, and a resubmission (a
-    new Train run, run2, attempts from 0) joined through ``continuation`` as the harness does."""
+    new Train run, run2, attempts from 0) joined through ``continuation`` as the harness does.
+    ``unread``: the lost job's events log could not be drained (Run.resubmit's event);
+    ``again_fault_after``: the resubmission is hit at that step and restarts right after its
+    latest checkpoint."""
     s = Script().start_attempt().steps(1, 12)
     lost = s.timeline()
     t = s.t + fault_t_dt
@@ -34,12 +40,20 @@ def resubmitted(first_step, fault_t_dt=0.2, report=True):
     lost.emit("cluster", "head_unreachable", t=t + 0.3)
     lost.emit("fault", "fault_detected", t=t + 0.3, ledger_id="h1", by="head_unreachable")
     lost.emit("cluster", "head_reachable", t=t + 11.0)
+    lost.emit("harness", "job_abandoned", t=t + 12.0, job_id="job-1", why="gcs-kill")
+    if unread:
+        run_id, next_attempt = continued_at(lost)
+        lost.emit("harness", "events_unread", t=t + 12.5, job_id="job-1", run_id=run_id, next_attempt=next_attempt,
+                  why=unread)
     join = continuation(lost)
     again = Script().new_run("run2")
     again.t = t + 20.0
     again.events.clear()
     again.new_run("run2").start_attempt()
-    if report:
+    if report and again_fault_after:
+        again.steps(first_step, again_fault_after).fault().decision()
+        again.start_attempt().steps(again_fault_after - again_fault_after % 5 + 1, 30).finish()
+    elif report:
         again.steps(first_step, 20).finish()
     for e in again.events:
         lost.add(join(e))
@@ -59,6 +73,105 @@ def test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes
 def test_twin_a_resubmission_that_starts_from_scratch_fails():
     [v] = resumed_from_latest(resubmitted(1))
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+
+
+def test_a_right_looking_resume_after_a_lost_log_left_unread_is_unverifiable_never_a_pass():
+    """The lost job's events log could not be read to its end: it may have committed a
+    checkpoint after step 10 (CI saw checkpoint 15 so), and a resubmission that restored
+    checkpoint 10 instead would look right.  Twin: the same resume with the log drained passes
+    (test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes)."""
+    [v] = resumed_from_latest(resubmitted(11, unread=UNREAD))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
+    assert v.diagnosis in DIAGNOSES
+    assert ("the events log of job job-1, whose driver was lost, could not be read to its end "
+            f"({UNREAD}), so a checkpoint it committed after step 10 would be missing") in v.message, v.line()
+    assert "attempt 1's start at step 11 cannot be judged" in v.message, v.line()
+    assert v.evidence["judged_on_what_was_read"]["status"] == "pass" and v.evidence["events_unread"]["next_attempt"] == 1
+
+
+def test_a_resume_past_the_seen_checkpoint_after_a_lost_log_left_unread_is_unverifiable_not_a_failure():
+    """Checkpoint 15 in the unread end would make a resume at 16 right (CI's false failure)."""
+    [v] = resumed_from_latest(resubmitted(16, unread=UNREAD))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
+    judged = v.evidence["judged_on_what_was_read"]
+    assert judged["status"] == "fail" and judged["message"].startswith("resumed past the checkpoint"), judged
+    assert "resumed past" not in v.message, v.line()  # the report files it as unverifiable, not as skipped data
+    [twin] = resumed_from_latest(resubmitted(16))
+    assert twin.status == "fail" and twin.diagnosis == "resumed past the checkpoint", twin.line()
+
+
+def test_a_restart_from_scratch_fails_whatever_the_unread_end_of_the_log_held():
+    """A later checkpoint nobody read only makes a fresh start worse: still a failure."""
+    [v] = resumed_from_latest(resubmitted(1, unread=UNREAD))
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+
+
+def test_after_a_checkpoint_of_the_resubmission_the_unread_end_no_longer_matters():
+    """A restart of the resubmission after it committed checkpoints of its own is judged
+    against those: the unread end of the lost log is older than all of them."""
+    tl = resubmitted(11, unread=UNREAD, again_fault_after=22)
+    first, second = resumed_from_latest(tl)
+    assert first.status == "unverifiable" and first.diagnosis == "unverifiable: events unread", first.line()
+    assert second.status == "pass" and second.evidence["latest_checkpoint_step"] == 20, second.line()
+    assert second.name == "resumed-from-latest (attempt 2)"
+
+
+class NoCluster:
+    """A cluster whose nodes hold no events log (the resubmission's is never found)."""
+
+    dashboard_url = "http://127.0.0.1:1"
+
+    def nodes(self):
+        return []
+
+
+class Jobs:
+    """The Jobs API as a resubmission uses it: submit, stop, a log stream with nothing in it."""
+
+    def __init__(self):
+        self.submitted, self.stopped = [], []
+
+    def submit_job(self, entrypoint, submission_id, runtime_env):
+        self.submitted.append(submission_id)
+
+    def stop_job(self, job_id):
+        self.stopped.append(job_id)
+
+    async def tail_job_logs(self, job_id):
+        return
+        yield
+
+    def get_job_info(self, job_id):
+        return types.SimpleNamespace(status=types.SimpleNamespace(value="SUCCEEDED"), message="")
+
+
+class LostLog:
+    def __init__(self, unread):
+        self.unread = unread
+
+    def drain(self, timeout_s=10.0):
+        return self.unread
+
+
+@pytest.mark.parametrize("unread", [UNREAD, None], ids=["unread", "all-read"])
+def test_a_resubmission_puts_the_lost_logs_unread_end_on_the_timeline(tmp_path, unread):
+    """Run.resubmit drains the lost job's events log; what the drain could not read becomes
+    ``events_unread`` with the attempt the resubmission continues at (twin: nothing unread,
+    no such event)."""
+    lost = Script().start_attempt().steps(1, 12).timeline()
+    run = Run(RunSpec(entrypoint="python train.py", name="t"), NoCluster(), lost, tmp_path)
+    run._client = Jobs()
+    run.submissions[0].events = LostLog(unread)
+    lost_job = run.job_id
+    new_job = run.resubmit("gcs-kill: its driver was lost")
+    run.current.events.drain(timeout_s=5)
+    run.current.tail.join(timeout=10)
+    assert run._client.stopped == [lost_job] and run._client.submitted == [new_job]
+    gaps = [e.data for e in lost.of("events_unread")]
+    if unread is None:
+        assert gaps == []
+    else:
+        assert gaps == [{"job_id": lost_job, "run_id": "run1", "next_attempt": 1, "why": UNREAD}]
 
 
 def test_the_resubmissions_first_report_is_the_recovery_and_one_run_is_judged():
