@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from chaos import allure_site
-from chaos.allure_site import CATEGORIES, allure_cli, executor_info, generate, write_environment, write_metrics
+from chaos.allure_site import (CATEGORIES, allure_cli, executor_info, generate, strip_analytics, write_environment,
+                               write_metrics)
 from chaos.errors import ChaosError
 
 
@@ -167,6 +168,23 @@ def test_generated_report_has_tests_categories_environment(allure_report):
     categories = json.loads((allure_report / "widgets" / "categories.json").read_text())
     names = {node["name"] for node in categories["nodes"].values() if node["type"] == "category"}
     assert names == {"resumed from an older checkpoint", "harness error"}
+
+
+def test_the_report_calls_nobody_when_opened(allure_report):
+    """Allure's pages load Google Tag Manager with the report's id; the harness takes it out,
+    and every script the page loads is the report's own."""
+    page = (allure_report / "index.html").read_text()
+    assert "googletagmanager" not in page and "gtag(" not in page
+    sources = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page)
+    assert sources and all(not re.match(r"[a-z]+://", src) for src in sources), sources
+    assert "window.allure" in page  # the rest of the page is kept
+
+
+def test_a_changed_analytics_template_is_refused_loudly(tmp_path):
+    """Twin: a page whose analytics the pattern no longer matches is not served as stripped."""
+    (tmp_path / "index.html").write_text('<script src="https://www.googletagmanager.com/gtm.js?id=X"></script>')
+    with pytest.raises(ChaosError, match=r"index.html still loads Google Tag Manager .*template changed"):
+        strip_analytics(tmp_path)
 
 
 def test_history_accumulates_across_runs(allure_installed, allure_results, tmp_path):
