@@ -492,7 +492,8 @@ def _against_an_unknown_checkpoint(verdict: Verdict, gap: Event, attempt: int) -
                    f"lost, could not be read to its end ({gap.data.get('why')}), so a checkpoint it committed "
                    + (f"after step {seen} " if seen is not None else "")
                    + f"would be missing and attempt {attempt}'s start at step {got} cannot be judged (the "
-                   "evidence holds the judgement on what was read alone)",
+                   "evidence holds the judgement on what was read alone; keep the head's Ray logs directory "
+                   "across its restarts, e.g. a volume at /tmp/ray, so the harness can read it)",
                    "unverifiable: events unread", evidence)
 
 
