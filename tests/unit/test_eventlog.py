@@ -221,19 +221,26 @@ def test_cluster_view_names_the_url_when_the_dashboard_refuses(dashboard):
         dashboard._get("/nothing", {}, timeout=5)
 
 
-def test_a_drain_after_the_head_came_back_as_a_new_node_reads_the_log_there():
-    """The run resubmitted after a head fault drains the lost job's log; the follower had let go
-    of the old head's node, and the restarted head (a new node id) holds the same logs
-    directory with the events the lost controller wrote before it died (seen in CI: its
-    checkpoint 15, missed, made a right resume at 16 look like one past checkpoint 10)."""
+def lost_with_the_head():
+    """A log followed until its first event, then every node gone with the head (a head fault);
+    returns once the follower has let go of the node."""
     tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
     log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01).start()
     tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
     c.alive = False
     poll = time.monotonic() + 10
-    while log.node_id is not None and time.monotonic() < poll:  # the follower lets go of the node
+    while log.node_id is not None and time.monotonic() < poll:
         log._stop.wait(0.01)
-    assert log.node_id is None
+    assert log.node_id is None, "the follower kept the node of a head that is gone"
+    return tl, c, log
+
+
+def test_a_drain_after_the_head_came_back_as_a_new_node_reads_the_log_there():
+    """The run resubmitted after a head fault drains the lost job's log; the follower had let go
+    of the old head's node, and the restarted head (a new node id) holds the same logs
+    directory with the events the lost controller wrote before it died (seen in CI: its
+    checkpoint 15, missed, made a right resume at 16 look like one past checkpoint 10)."""
+    tl, c, log = lost_with_the_head()
     c.files[chunk(0)] = line(1) + line(2) + line(3)  # written before the old controller died
     c.holder, c.alive = "n1", True  # the head, back under a new node id, holds the directory
     log._stop.set()  # the follower stops before it looks again: only the drain can find them
@@ -245,13 +252,7 @@ def test_a_drain_after_the_head_came_back_as_a_new_node_reads_the_log_there():
 def test_a_drain_that_cannot_reach_the_log_says_what_it_left_unread():
     """The head holding the lost job's log is not back (or came back without it): the drain
     says why, for the run to put on the timeline — a checkpoint may be among what was left."""
-    tl, c = Timeline(), FakeCluster({chunk(0): line(1)})
-    log = EventLog(c, "run-1", tl, lost_after_s=None, look_every_s=0.01).start()
-    tl.wait_for(lambda ev: steps(tl) or None, 10, "the first event")
-    c.alive = False
-    poll = time.monotonic() + 10
-    while log.node_id is not None and time.monotonic() < poll:  # the follower lets go of the node
-        log._stop.wait(0.01)
+    tl, c, log = lost_with_the_head()
     why = log.drain(timeout_s=0.5)
     assert why == ("timed out after 0s waiting for the rest of the recorder's event log chaos/run-1; saw: "
                    "chaos/run-1 is on no alive node"), why
