@@ -261,13 +261,13 @@ ANALYTICS = re.compile(r"\s*<script async src=\"https://www\.googletagmanager\.c
 def strip_analytics(report: Path) -> None:
     """Take the analytics scripts out of the report's pages (the report works without them)."""
     for page in report.glob("*.html"):
-        text = page.read_text()
+        text = page.read_text(encoding="utf-8")
         stripped = ANALYTICS.sub("", text)
         if "googletagmanager" in stripped:
             raise ChaosError(f"{page} still loads Google Tag Manager after stripping its analytics: the Allure "
                              "report's page template changed (chaos.allure_site.ANALYTICS)")
         if stripped != text:
-            page.write_text(stripped)
+            page.write_text(stripped, encoding="utf-8")
 
 
 def generate(

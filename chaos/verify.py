@@ -844,8 +844,16 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                   "and the node's recovery, one of the measured outcomes)")
     if att.by_time:
         return _attributed_by_time_only(att, evidence)
-    return Verdict("within-budget", "pass", "charged " + (", ".join(parts) or "nothing") + ", as the faults should"
-                   + extra, None, evidence)
+    read = "charged " + (", ".join(parts) or "nothing") + ", as the faults should" + extra
+    hit = set(faulted_runs(timeline))
+    gap = next((g for g in timeline.of("events_unread", source="harness") if g.data.get("run_id") in hit), None)
+    if gap is not None:  # a decision the lost controller made there is unknown
+        return Verdict("within-budget", "unverifiable",
+                       f"unverifiable: events unread: the events log of job {gap.data.get('job_id')}, whose driver "
+                       f"was lost, could not be read to its end ({gap.data.get('why')}), so a failure decision its "
+                       f"controller made then would be missing (what was read: {read})", "unverifiable: events unread",
+                       {**evidence, "events_unread": gap.data})
+    return Verdict("within-budget", "pass", read, None, evidence)
 
 
 def _raced(kind: str | None, decision: Event) -> bool:

@@ -33,6 +33,10 @@ from chaos.waits import poll_until
 log = logging.getLogger(__name__)
 
 
+#: how long a drain waits for the follower's look in flight (its requests time out at 30 s each)
+FOLLOWER_STOP_S = 90.0
+
+
 class UnreadableEvent(ClusterError):
     """A line of the events log that is no event: it could have been a failure decision."""
 
@@ -64,6 +68,7 @@ class EventLog:
         self._stop = threading.Event()
         self._drained = False
         self.unread: str | None = None  # why the drain could not read the rest
+        self._cut_off = 0  # bytes of a line still being written at the end of the file being read
         self._thread = threading.Thread(target=self._run, name=f"events-{name}", daemon=True)
         self.error: Exception | None = None
 
@@ -142,7 +147,8 @@ class EventLog:
 
     def _take(self, data: bytes) -> int:
         """Take the complete lines of the file being read that are new."""
-        lines = data.split(b"\n")[:-1]  # a partial last line waits for the next look
+        *lines, partial = data.split(b"\n")  # a partial last line waits for the next look
+        self._cut_off = len(partial)
         new = lines[self._lines_in_chunk:]
         with self._lock:
             for raw in new:
@@ -164,12 +170,17 @@ class EventLog:
         and nobody read (a lost job's last checkpoint) are missing evidence, for the caller to
         put on the timeline."""
         self._stop.set()
-        self._thread.join(timeout=timeout_s)
+        # Never read beside the follower: its look in flight would take lines against the
+        # position the drain moved on (events twice).  A look ends within its requests' timeouts.
+        self._thread.join(timeout=FOLLOWER_STOP_S)
         if self.error is not None:
             return str(self.error)
         if not self._found or self._drained:
             return self.unread
         self._drained = True
+        if self._thread.is_alive():
+            self.unread = f"its follower was still reading {FOLLOWER_STOP_S:.0f} s after it was told to stop"
+            return self.unread
 
         def read_to_the_end() -> tuple[bool, str]:
             try:
@@ -189,10 +200,13 @@ class EventLog:
         try:
             poll_until(read_to_the_end, timeout_s, f"the rest of the recorder's event log {self.directory}",
                        interval=0.5)
+            if self._cut_off:  # the recorder died writing it: that event is lost
+                self.unread = f"its last line, in {self.filename}, ends after {self._cut_off} bytes without a newline"
         except UnreadableEvent as e:
             self._fail(e)
             raise
         except WaitTimeout as e:
-            log.warning("could not read the rest of the recorder's event log %s: %s", self.directory, e)
             self.unread = str(e)
+        if self.unread is not None:
+            log.warning("could not read the rest of the recorder's event log %s: %s", self.directory, self.unread)
         return self.unread

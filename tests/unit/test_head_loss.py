@@ -184,6 +184,17 @@ def test_the_resubmissions_first_report_is_the_recovery_and_one_run_is_judged():
     assert named["recovery-time"].status == "pass", named["recovery-time"].line()
 
 
+def test_nothing_charged_is_unverifiable_where_the_lost_log_was_left_unread():
+    """A failure decision the lost controller made in the unread end would be missing: 'charged
+    nothing' is not evidence then (twin: the same run with its log read passes, above)."""
+    expect = Expectation(charged={}, slo_detect_s=30, slo_recover_s=120)
+    named = {v.name.split(" (")[0]: v for v in verdicts_for(resubmitted(11, unread=UNREAD), expect)}
+    v = named["within-budget"]
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
+    assert "a failure decision its controller made then would be missing (what was read: charged nothing" in v.message
+    assert named["run-finished"].status == "pass"  # judged on the resubmission's own end, which was read
+
+
 def test_twin_a_resubmission_that_never_reported_never_recovered():
     tl = resubmitted(11, report=False)
     [m] = recovery_metrics(tl)
