@@ -477,6 +477,11 @@ def _unread_before(timeline: Timeline, run_id: str, attempt: int, commits: list[
     return None
 
 
+def _unread(gap: Event) -> str:
+    return (f"the events log of job {gap.data.get('job_id')}, whose driver was lost, could not be read to its end "
+            f"({gap.data.get('why')})")
+
+
 def _against_an_unknown_checkpoint(verdict: Verdict, gap: Event, attempt: int) -> Verdict:
     """A resume judged against the latest checkpoint *seen*, where the lost job may have
     committed a later one nobody read: a pass (or a resume past the seen one) proves nothing.
@@ -488,8 +493,7 @@ def _against_an_unknown_checkpoint(verdict: Verdict, gap: Event, attempt: int) -
     evidence = {**verdict.evidence, "events_unread": gap.data,
                 "judged_on_what_was_read": {"status": verdict.status, "message": verdict.message}}
     return Verdict(verdict.name, "unverifiable",
-                   f"unverifiable: events unread: the events log of job {gap.data.get('job_id')}, whose driver was "
-                   f"lost, could not be read to its end ({gap.data.get('why')}), so a checkpoint it committed "
+                   f"unverifiable: events unread: {_unread(gap)}, so a checkpoint it committed "
                    + (f"after step {seen} " if seen is not None else "")
                    + f"would be missing and attempt {attempt}'s start at step {got} cannot be judged (the "
                    "evidence holds the judgement on what was read alone; keep the head's Ray logs directory "
@@ -849,9 +853,8 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
     gap = next((g for g in timeline.of("events_unread", source="harness") if g.data.get("run_id") in hit), None)
     if gap is not None:  # a decision the lost controller made there is unknown
         return Verdict("within-budget", "unverifiable",
-                       f"unverifiable: events unread: the events log of job {gap.data.get('job_id')}, whose driver "
-                       f"was lost, could not be read to its end ({gap.data.get('why')}), so a failure decision its "
-                       f"controller made then would be missing (what was read: {read})", "unverifiable: events unread",
+                       f"unverifiable: events unread: {_unread(gap)}, so a failure decision its controller made "
+                       f"then would be missing (what was read: {read})", "unverifiable: events unread",
                        {**evidence, "events_unread": gap.data})
     return Verdict("within-budget", "pass", read, None, evidence)
 
