@@ -33,6 +33,8 @@ harness   job_submitted        job_id, entrypoint; resubmits (the job whose driv
 harness   job_abandoned        job_id, why (its driver was lost: the run goes on in a resubmission)
 harness   events_unread        job_id, run_id, next_attempt, why (the abandoned job's events log
                                could not be read to its end: what it committed last is unknown)
+harness   events_lost          job_id, run_id, seqs [first, last], before_t, why (events the recorder
+                               numbered and could not write; before_t: the first event read after them)
 harness   clock_offset         offset_s (head clock - harness clock), rtt_s
 harness   job_finished         status, message
 shim      cuda_injection       symbol, error, mode, rank, pid, call

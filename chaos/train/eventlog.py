@@ -64,6 +64,7 @@ class EventLog:
         self._chunk = 0  # the file being read
         self._lines_in_chunk = 0  # complete lines of it taken
         self._taken = 0  # events taken in all
+        self._next_seq = 0  # the recorder numbers its events: one skipped was lost (events_lost)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._drained = False
@@ -152,16 +153,33 @@ class EventLog:
         new = lines[self._lines_in_chunk:]
         with self._lock:
             for raw in new:
+                where = f"line {self._lines_in_chunk + 1} of the recorder's event log {self.filename}"
                 try:
-                    event = Event.from_json(json.loads(raw))
+                    line = json.loads(raw)
+                    seq, event = line["seq"], Event.from_json(line)
                 except (ValueError, KeyError, TypeError) as e:
-                    raise UnreadableEvent(f"line {self._lines_in_chunk + 1} of the recorder's event log "
-                                          f"{self.filename} is no event ({type(e).__name__}: {e}): {raw[:200]!r}") from e
+                    raise UnreadableEvent(f"{where} is no event ({type(e).__name__}: {e}): {raw[:200]!r}") from e
+                if not isinstance(seq, int) or seq < self._next_seq:
+                    raise UnreadableEvent(f"{where} is event {seq!r} where event {self._next_seq} or later was due "
+                                          "(two recorders writing one log?)")
                 event = dataclasses.replace(event, t=self.timeline.from_head(event.t))
-                self.timeline.add(self.transform(event) if self.transform else event)
+                event = self.transform(event) if self.transform else event
+                if seq > self._next_seq:
+                    self._lost(self._next_seq, seq - 1, event)
+                self.timeline.add(event)
+                self._next_seq = seq + 1
                 self._lines_in_chunk += 1
                 self._taken += 1
         return len(new)
+
+    def _lost(self, first: int, last: int, after: Event) -> None:
+        """Events the recorder numbered and could not write (its log's disk full): whatever
+        they were — a committed checkpoint, an attempt's first report, a failure decision — is
+        missing evidence, for the verdicts to name; ``after``: the first event read after them."""
+        log.warning("the recorder could not write events %d..%d of %s", first, last, self.directory)
+        self.timeline.emit("harness", "events_lost", job_id=self.name, run_id=after.data.get("run_id"),
+                           seqs=[first, last], before_t=after.t,
+                           why=f"the recorder could not write event(s) {first}..{last} of it (its log said why)")
 
     def drain(self, timeout_s: float = 10.0) -> str | None:
         """Take whatever the log holds now, then stop (idempotent); a log out of reach is

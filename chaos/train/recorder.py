@@ -84,22 +84,49 @@ class EventsLogWriter:
     never sees half of one, and a file with CHUNK_LINES lines is complete), each on disk
     before the next (fsync): a head power-cycled under a head fault keeps its logs directory,
     and without it would lose the last seconds of events — a committed checkpoint among them —
-    from a file that then reads as complete."""
+    from a file that then reads as complete.
+
+    Each line carries ``seq``, its place in the log, spent even when the write fails (a full
+    disk): the reader names any number missing (``events_lost``) instead of judging the run
+    on what is left.  A later ``fit()`` of the same job (a new controller, a new writer)
+    continues the log where the earlier one left it."""
 
     def __init__(self, directory: str):
-        self.directory, self._index, self._lines = directory, 0, 0
+        self.directory = directory
+        self._index, self._lines, self._seq = self._end_of_log()
+
+    def _end_of_log(self) -> tuple[int, int, int]:
+        """The file being filled, its lines, and the next seq, from what is on disk."""
+        index = 0
+        while os.path.exists(os.path.join(self.directory, chunk_name(index + 1))):
+            index += 1
+        seq = 0
+        for i in range(index, -1, -1):  # the last complete line of the log says where it is
+            try:
+                with open(os.path.join(self.directory, chunk_name(i)), "rb") as f:
+                    lines = f.read().split(b"\n")[:-1]
+            except FileNotFoundError:
+                lines = []
+            if i == index:
+                count = len(lines)
+            if lines:
+                seq = json.loads(lines[-1])["seq"] + 1
+                break
+        return index, count, seq
 
     def append(self, event: dict) -> None:
         if self._lines == CHUNK_LINES:
             self._index, self._lines = self._index + 1, 0
+        seq, self._seq = self._seq, self._seq + 1
         try:
             with open(os.path.join(self.directory, chunk_name(self._index)), "a") as out:
-                out.write(json.dumps(event, default=str) + "\n")
+                out.write(json.dumps({"seq": seq, **event}, default=str) + "\n")
                 out.flush()
+                self._lines += 1  # in the file now, on disk or not
                 os.fsync(out.fileno())
-            self._lines += 1
         except OSError as e:
-            logging.getLogger(__name__).warning("ray-chaos recorder could not write to %s: %s", self.directory, e)
+            logging.getLogger(__name__).warning("ray-chaos recorder could not write event %d to %s: %s",
+                                                seq, self.directory, e)
 
 
 class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):

@@ -28,8 +28,9 @@ def event(i: int, t: float = 1000.0) -> dict:
     return {"t": t + i, "source": "recorder", "kind": "report", "data": {"step": i}}
 
 
-def line(i: int) -> bytes:
-    return (json.dumps(event(i)) + "\n").encode()
+def line(i: int, seq: int | None = None) -> bytes:
+    """Event ``i`` as the recorder writes it: the log's event ``i - 1`` unless ``seq`` says."""
+    return (json.dumps({"seq": i - 1 if seq is None else seq, **event(i)}) + "\n").encode()
 
 
 class FakeCluster:
@@ -81,15 +82,15 @@ def test_events_reach_the_timeline_in_order_on_the_harness_clock():
 
 
 def test_each_event_is_taken_once_a_partial_line_waits_and_a_full_file_leads_to_the_next():
-    tl, c = Timeline(), FakeCluster({chunk(0): line(0) + line(1)[:9]})  # the recorder is writing line 2
+    tl, c = Timeline(), FakeCluster({chunk(0): line(1) + line(2)[:9]})  # the recorder is writing line 2
     log = reader(c, tl)
-    tl.wait_for(lambda ev: steps(tl) == [0] or None, 10, "the first event")
-    c.files[chunk(0)] = b"".join(line(i) for i in range(CHUNK_LINES))
+    tl.wait_for(lambda ev: steps(tl) == [1] or None, 10, "the first event")
+    c.files[chunk(0)] = b"".join(line(i) for i in range(1, CHUNK_LINES + 1))
     tl.wait_for(lambda ev: len(steps(tl)) == CHUNK_LINES or None, 10, "the first file")
-    c.files[chunk(1)] = line(CHUNK_LINES)
+    c.files[chunk(1)] = line(CHUNK_LINES + 1)
     tl.wait_for(lambda ev: len(steps(tl)) == CHUNK_LINES + 1 or None, 10, "the second file")
     log.drain(timeout_s=5)
-    assert steps(tl) == list(range(CHUNK_LINES + 1))
+    assert steps(tl) == list(range(1, CHUNK_LINES + 2)) and not tl.of("events_lost")
 
 
 def test_a_log_out_of_reach_after_events_came_aborts_the_timeline_loudly():
