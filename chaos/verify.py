@@ -40,7 +40,7 @@ DIAGNOSES: tuple[str, ...] = (
     "unverifiable: step metric goes back", "unverifiable: no step after the restart",
     "unverifiable: resumed at the checkpoint's own step",
     "unverifiable: no checkpoint reported", "unverifiable: no step at the checkpoint",
-    "unverifiable: no reporting stride", "unverifiable: events unread",
+    "unverifiable: no reporting stride", "unverifiable: events unread", "unverifiable: events lost",
     # state-restored, final-state ("state differs": a warning — not declared deterministic)
     "state not restored", "state differs", "final state differs", "unverifiable: run did not finish", "unverifiable: no state metric",
     "unverifiable: no baseline",
@@ -428,6 +428,7 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
                          "steps": [prev, step]})]
     first_attempt = run.first_of(run.attempts[0])
     first_steps = steps_of(first_attempt) if first_attempt else {}
+    starts = {e.attempt: e for e in events if e.kind == "attempt_started"}
     verdicts, silent = [], []
     for attempt in run.attempts[1:]:
         first = run.first_of(attempt)
@@ -456,49 +457,73 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
             "ranks": {j.rank: j.to_json() for j in judged},
         }
         verdict = _combine(name, attempt, judged, latest, run.ranks_agreed_before(attempt), evidence)
-        gap = _unread_before(timeline, run_id, attempt, commits)
-        verdicts.append(verdict if gap is None else _against_an_unknown_checkpoint(verdict, gap, attempt))
+        gap = _gap_before(timeline, run_id, attempt, first, commits, starts)
+        verdicts.append(verdict if gap is None else _against_missing_events(verdict, *gap, attempt))
         silent = []
     return verdicts
 
 
-#: what a checkpoint the harness did not see cannot turn into a right resume (a later
-#: checkpoint than the latest one seen only makes these worse)
+#: what events the harness did not see cannot turn into a right resume: a later checkpoint than
+#: the latest one seen, or an earlier first report of the attempt, only make these worse (and
+#: ranks that disagree did so within one report round)
 WRONG_WHATEVER_WAS_UNREAD = ("restarted from scratch", "resumed from an older checkpoint", "ranks disagree")
 
 
-def _unread_before(timeline: Timeline, run_id: str, attempt: int, commits: list[Event]) -> Event | None:
-    """The unread end of a lost job's events log (``events_unread``) that leaves the latest
-    checkpoint before ``attempt`` unknown: one before it, with no checkpoint committed since."""
+def _gap_before(timeline: Timeline, run_id: str, attempt: int, first: Event, commits: list[Event],
+                starts: dict[int, Event]) -> tuple[Event, bool] | None:
+    """A gap in the run's events that leaves unknown where ``attempt`` began or the latest
+    checkpoint before it, and whether its beginning may be in it: the unread end of a lost
+    job's events log (``events_unread``: one before the attempt, with no checkpoint committed
+    since), or events the recorder could not write (``events_lost``: the attempt's first report
+    read after them, its start not read after them or no checkpoint read since)."""
     for gap in reversed(timeline.of("events_unread", source="harness")):
         since = gap.data.get("next_attempt")
         if gap.data.get("run_id") == run_id and since is not None and since <= attempt:
-            return None if any(c.attempt is not None and c.attempt >= since for c in commits) else gap
+            if not any(c.attempt is not None and c.attempt >= since for c in commits):
+                return gap, False
+            break
+    for gap in timeline.of("events_lost", source="harness"):
+        after = gap.data.get("before_t")  # the first event read after the lost ones
+        if gap.data.get("run_id") != run_id or after is None or first.t < after:
+            continue
+        start = starts.get(attempt)
+        if start is None or start.t < after:
+            return gap, True
+        if not any(c.t >= after for c in commits):
+            return gap, False
     return None
 
 
-def _unread(gap: Event) -> str:
+def _missing(gap: Event) -> str:
+    if gap.kind == "events_lost":
+        first, last = gap.data.get("seqs") or ("?", "?")
+        return (f"the recorder could not write events {first}..{last} of job {gap.data.get('job_id')}'s events log "
+                "(the Train controller's log says why)")
     return (f"the events log of job {gap.data.get('job_id')}, whose driver was lost, could not be read to its end "
             f"({gap.data.get('why')})")
 
 
-def _against_an_unknown_checkpoint(verdict: Verdict, gap: Event, attempt: int) -> Verdict:
-    """A resume judged against the latest checkpoint *seen*, where the lost job may have
-    committed a later one nobody read: a pass (or a resume past the seen one) proves nothing.
+def _against_missing_events(verdict: Verdict, gap: Event, start_unseen: bool, attempt: int) -> Verdict:
+    """A resume judged on the events read, where a gap may hold a later checkpoint (or the
+    attempt's real first report): a pass (or a resume past the seen checkpoint) proves nothing.
     The judgement on what was read stays in the evidence only: its diagnosis phrase in the
     message would file the test under that diagnosis in the report."""
     if verdict.status == "fail" and verdict.diagnosis in WRONG_WHATEVER_WAS_UNREAD:
         return verdict
     seen, got = verdict.evidence.get("latest_checkpoint_step"), verdict.evidence.get("first_step_of_attempt")
-    evidence = {**verdict.evidence, "events_unread": gap.data,
+    lost = gap.kind == "events_lost"
+    diagnosis = "unverifiable: events lost" if lost else "unverifiable: events unread"
+    evidence = {**verdict.evidence, gap.kind: gap.data,
                 "judged_on_what_was_read": {"status": verdict.status, "message": verdict.message}}
+    missing = (f"attempt {attempt}'s first report" if start_unseen
+               else f"a checkpoint {'' if lost else 'it '}committed" + (f" after step {seen}" if seen is not None else ""))
+    hint = ("give the Ray logs directory of the controller's node room (a full disk there loses events)" if lost
+            else "keep the head's Ray logs directory across its restarts, e.g. a volume at /tmp/ray, so the "
+                 "harness can read it")
     return Verdict(verdict.name, "unverifiable",
-                   f"unverifiable: events unread: {_unread(gap)}, so a checkpoint it committed "
-                   + (f"after step {seen} " if seen is not None else "")
-                   + f"would be missing and attempt {attempt}'s start at step {got} cannot be judged (the "
-                   "evidence holds the judgement on what was read alone; keep the head's Ray logs directory "
-                   "across its restarts, e.g. a volume at /tmp/ray, so the harness can read it)",
-                   "unverifiable: events unread", evidence)
+                   f"{diagnosis}: {_missing(gap)}, so {missing} would be missing and attempt {attempt}'s "
+                   f"start at step {got} cannot be judged (the evidence holds the judgement on what was read alone; "
+                   f"{hint})", diagnosis, evidence)
 
 
 def _step_metric_of(started: Event | None, run: _RunReports) -> str:
@@ -772,6 +797,7 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                                             for d in att.by_time],
                 "raced": [{"attempt": d.attempt, "fault": att.kinds[k], "charged": d.data.get("budget_class"),
                            "counted_as": KINDS[att.kinds[k]].budget_class} for k, d in raced]}
+    gap = _decisions_gap(timeline)
     if decisions and any(not e.data.get("budget_class") for e in decisions):
         return Verdict("within-budget", "unverifiable", "unverifiable: a failure decision came without Ray's "
                        "[FailurePolicy] accounting", "unverifiable: no failure-policy record", evidence)
@@ -801,12 +827,16 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
                            "unexpected number of charged failures", evidence)
         if att.by_time:
             return _attributed_by_time_only(att, evidence)
+        if gap is not None:
+            return _decisions_missing(gap, msg + " (as this suite expects)", evidence)
         return Verdict("within-budget", "expected", msg + " (as this suite expects)", "retry budget exhausted",
                        evidence)
     if expect.budget_exhausted:
-        return Verdict("within-budget", "fail", "budget not exhausted: the suite expected the retry budget to run out, "
-                       f"but Ray kept retrying (charged {dict(by_class) or 'nothing'})", "budget not exhausted",
-                       evidence)
+        msg = ("budget not exhausted: the suite expected the retry budget to run out, "
+               f"but Ray kept retrying (charged {dict(by_class) or 'nothing'})")
+        if gap is not None:
+            return _decisions_missing(gap, msg, evidence)
+        return Verdict("within-budget", "fail", msg, "budget not exhausted", evidence)
     counts = dict(by_class)
     want = {k: v for k, v in expect.charged.items() if v}
     race_note = ""
@@ -823,8 +853,10 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
     if counts != want:
         wrong = set(counts) - set(want)
         diagnosis = "charged to the wrong budget class" if wrong else "unexpected number of charged failures"
-        return Verdict("within-budget", "fail", f"{diagnosis}: the injected faults were charged {counts or 'nothing'}, "
-                       f"they should have charged {want}", diagnosis, evidence)
+        msg = f"{diagnosis}: the injected faults were charged {counts or 'nothing'}, they should have charged {want}"
+        if gap is not None and not wrong and all(n <= want[c] for c, n in counts.items()):
+            return _decisions_missing(gap, msg, evidence)  # the ones short may be among the missing
+        return Verdict("within-budget", "fail", msg, diagnosis, evidence)
     if att.lasting and expect.charge_outcomes is None:
         return Verdict("within-budget", "unverifiable", f"unverifiable: no measured outcomes: the node-recovery "
                        f"fault(s) were charged {platform or 'nothing'}, which is the platform's doing; say which "
@@ -849,14 +881,26 @@ def within_budget(timeline: Timeline, expect: Expectation) -> Verdict:
     if att.by_time:
         return _attributed_by_time_only(att, evidence)
     read = "charged " + (", ".join(parts) or "nothing") + ", as the faults should" + extra
-    hit = set(faulted_runs(timeline))
-    gap = next((g for g in timeline.of("events_unread", source="harness") if g.data.get("run_id") in hit), None)
-    if gap is not None:  # a decision the lost controller made there is unknown
-        return Verdict("within-budget", "unverifiable",
-                       f"unverifiable: events unread: {_unread(gap)}, so a failure decision its controller made "
-                       f"then would be missing (what was read: {read})", "unverifiable: events unread",
-                       {**evidence, "events_unread": gap.data})
+    if gap is not None:
+        return _decisions_missing(gap, read, evidence)
     return Verdict("within-budget", "pass", read, None, evidence)
+
+
+def _decisions_gap(timeline: Timeline) -> Event | None:
+    """Events of a faulted run nobody read (``events_unread``) or the recorder could not write
+    (``events_lost``): a failure decision may be among them."""
+    hit = set(faulted_runs(timeline))
+    return next((g for g in timeline.events if g.source == "harness" and g.kind in ("events_unread", "events_lost")
+                 and g.data.get("run_id") in hit), None)
+
+
+def _decisions_missing(gap: Event, read: str, evidence: dict) -> Verdict:
+    """Charges judged on the decisions read, where one may be missing: neither a pass nor a
+    shortfall (fewer charges, no exhaustion) means anything."""
+    diagnosis = "unverifiable: events lost" if gap.kind == "events_lost" else "unverifiable: events unread"
+    return Verdict("within-budget", "unverifiable",
+                   f"{diagnosis}: {_missing(gap)}, so a failure decision its controller made then would be "
+                   f"missing (what was read: {read})", diagnosis, {**evidence, gap.kind: gap.data})
 
 
 def _raced(kind: str | None, decision: Event) -> bool:
