@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 
 NETNS_DIR = "/run/netns"
 
+# RFC 2544's benchmarking block, where every test-host subnet lies: never a real destination.
+TEST_HOST_RANGE = ipaddress.ip_network("198.18.0.0/15")
+# The metric of the "unreachable" route each bridge leaves for its subnet (below the kernel's
+# connected route, metric 0, while the bridge is up).
+GONE_BRIDGE_METRIC = 4242
+
 # Everything but loopback is dropped while partitioned. Rules match on interfaces, not
 # addresses: loopback-source rules cannot tell hosts apart, interfaces can.
 _PARTITION_RULES = (("INPUT", "!", "-i", "lo", "-j", "DROP"),
@@ -156,6 +162,13 @@ class Bridge:
             run_cmd(["ip", "link", "add", self.name, "type", "bridge"])
         run_cmd(["ip", "addr", "replace", f"{self.address}/{self.prefixlen}", "dev", self.name])
         run_cmd(["ip", "link", "set", self.name, "up"])
+        # Once the bridge is gone its subnet must not leave the machine: without this route a
+        # session still polling a head it had sends to the default route (seen here: an egress
+        # proxy answered the dashboard's URL with 404 for minutes).  Kept after ``down`` on
+        # purpose, and only inside TEST_HOST_RANGE, where no real network can be shadowed.
+        subnet = ipaddress.ip_network(f"{self.address}/{self.prefixlen}", strict=False)
+        if subnet.subnet_of(TEST_HOST_RANGE):
+            run_cmd(["ip", "route", "replace", "unreachable", str(subnet), "metric", str(GONE_BRIDGE_METRIC)])
 
     def down(self) -> None:
         if link_exists(self.name):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -84,6 +85,19 @@ def test_teardown_leaves_nothing_even_when_the_body_raises(network):
     assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
     mounts = open("/proc/self/mountinfo").read()
     assert str(net.state_dir) not in mounts and f"{bridge}-rc-t-" not in mounts
+
+
+def test_a_gone_test_host_is_unreachable_from_this_machine_not_sent_out(network, host):
+    """Traffic for the subnet of a bridge that is gone fails here at once; without the bridge's
+    "unreachable" route it took the default route off the machine (an egress proxy answered)."""
+    wait_listening(host.address, 8000)
+    network.close()
+    assert not netns.link_exists(network.bridge.name)
+    route = subprocess.run(["ip", "route", "get", host.address], capture_output=True, text=True)
+    assert route.returncode != 0 and "No route to host" in route.stderr, route.stdout + route.stderr
+    with pytest.raises(OSError) as refused:
+        socket.create_connection((host.address, 8000), timeout=5)
+    assert refused.value.errno == errno.EHOSTUNREACH, refused.value
 
 
 CRASHING_SESSION = textwrap.dedent("""
