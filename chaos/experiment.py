@@ -190,7 +190,7 @@ class Experiment:
         watch = StallWatch(self.judging.stall_limit_s, env.timeouts.recover_s,
                            slo_recover_s=self.expect.slo_recover_s, crash_loop_failures=self.judging.crash_loop_failures)
         finding: Verdict | None = None
-        stopped = False
+        stopped = interrupted = False
         try:
             with r.step("steady state: cluster healthy, run submitted, training started"):
                 ok, detail = env.backend.healthy_workers()
@@ -253,13 +253,16 @@ class Experiment:
         except RunLost as lost:  # nothing left to recover: judge what happened
             stopped = True
             r.say(f"stopped: {lost}")
+        except KeyboardInterrupt:  # Ctrl-C, or the SIGTERM of a cancelled CI job (pytest_plugin)
+            interrupted = True
+            raise
         finally:
             self.timeline.guard = None
             env.backend.head_away.clear()
             # Each cleanup step on its own: one failing must neither skip the others nor hide
             # the exception that brought us here.
             self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
-            self._cleanup("stop the run", run.stop)
+            self._cleanup("stop the run", lambda: run.stop(wait=not interrupted))
             if stopped:
                 with r.step("verify: verdicts from what the run did before it stopped"):
                     verdicts.extend(verdicts_for(self.timeline, self.expect, finished=False))
@@ -271,7 +274,7 @@ class Experiment:
             joined.put(None)
             preparer.join(timeout=150)  # a delivery under way ends within deliver_shim's own timeouts
             env._timelines.remove(self.timeline)
-            heal_verdict = self._heal(run)
+            heal_verdict = self._heal(run, wait=not interrupted)
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
             self._attach(run, nodes_before, verdicts)
@@ -530,24 +533,31 @@ class Experiment:
             log.error("cleanup step %r failed: %s", what, e)
             self.reporter.say(f"cleanup: could not {what}: {e}")
 
-    def _heal(self, run: Run) -> Verdict:
+    def _heal(self, run: Run, wait: bool = True) -> Verdict:
+        """Whether the session leaves the cluster as it found it.  Interrupted (``wait``
+        False), one look instead of waiting: whoever stopped the session wants it gone — a
+        cluster that vanished under it kept it waiting minutes — and the reverts, which must
+        not be skipped, have run by now."""
         try:
-            self.env.backend.wait_healed(self.env.timeouts.heal_s)
+            if wait:
+                self.env.backend.wait_healed(self.env.timeouts.heal_s)
             nodes_ok, nodes_detail = self.env.backend.healthy_workers()
         except Exception as e:
             nodes_ok, nodes_detail = False, str(e)
+        if not wait and not nodes_ok:
+            nodes_detail += " (one look: the session was interrupted)"
         try:
             mine = {inj.ledger_id for inj in self._injections}
             armed = [e for e in self.env.ledger.open_entries()
                      if e["id"] in mine and (e.get("revert") or {}).get("action", "none") != "none"]
         except Exception as e:
             armed = [{"fault": "ledger unreadable", "id": str(e)}]
-        res_ok, res_detail = self._resources_free(run)
+        res_ok, res_detail = self._resources_free(run, wait)
         return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
 
-    def _resources_free(self, run: Run) -> tuple[bool, str]:
+    def _resources_free(self, run: Run, wait: bool = True) -> tuple[bool, str]:
         """Once the job is gone, nothing it started may still hold CPU, GPU or a custom
-        resource (no leaked actors or placement groups).
+        resource (no leaked actors or placement groups); one look when not ``wait``.
 
         Asked of the job's own actors and placement groups, not of the cluster's free
         resources, so other tenants of a shared cluster do not make this fail."""
@@ -564,6 +574,10 @@ class Experiment:
                 f"nothing of job {', '.join(jobs)} holds resources", "")
 
         try:
+            if not wait:
+                free, held = check()
+                return (True, free) if free else (False, f"leaked resources: {held} (one look: the session was "
+                                                         "interrupted)")
             return True, poll_until(check, 60, f"job {', '.join(jobs)}'s actors and placement groups to give back "
                                     "their resources", interval=0.5)
         except Exception as e:

@@ -375,8 +375,10 @@ class Run:
         return [e.data["line"] for e in self.timeline.of("failure_decision") if e.data.get("line")]
 
     # -- cleanup -----------------------------------------------------------------
-    def stop(self) -> None:
-        """Stop the job if it still runs and collect the last events."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop the job if it still runs and collect the last events.  Not ``wait``ing (an
+        interrupted session), its log stream and event log get a few seconds, not 40: a cluster
+        gone under the session would hold it that long for nothing."""
         sub = self.current
         ended = False
         try:
@@ -387,6 +389,6 @@ class Run:
         except Exception as e:
             log.warning("could not stop job %s: %s", sub.job_id, e)
         if not (ended and self._fetch_whole_log()) and sub.tail is not None:
-            sub.tail.join(timeout=30)
+            sub.tail.join(timeout=30 if wait else 3)
         if sub.events is not None:
-            sub.events.drain()
+            sub.events.drain(10.0 if wait else 1.0)
