@@ -115,7 +115,12 @@ class Outcome:
     injections: list[Injection] = dataclasses.field(default_factory=list)  # what was injected, with its evidence
 
     def verdict(self, prefix: str) -> Verdict:
-        return next(v for v in self.verdicts if v.name.startswith(prefix))
+        """The first verdict named ``prefix``...; a LookupError lists the verdicts there are
+        (a bare StopIteration once hid which ones a failing integration session had)."""
+        found = next((v for v in self.verdicts if v.name.startswith(prefix)), None)
+        if found is None:
+            raise LookupError(f"no verdict {prefix!r} among: " + "; ".join(v.line() for v in self.verdicts))
+        return found
 
     def assert_verdicts(self) -> None:
         """Fail the test with every failing verdict's message (diagnosis first); an

@@ -156,3 +156,4 @@ def test_stopping_a_run_on_a_gone_cluster_waits_for_its_logs_only_when_asked(tmp
     sub.events, sub.tail = Drain(), SimpleNamespace(join=lambda timeout: joins.append(timeout))  # never ends
     run.stop(wait=wait)
     assert joins == [joined] and sub.events.timeouts == [drained]
+
