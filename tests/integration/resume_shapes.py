@@ -80,16 +80,23 @@ def test_reports_only_at_checkpoints_fault_after_the_first(chaos, tmp_path):
 def test_restart_that_skips_a_save_interval_under_a_doubled_stride(chaos, tmp_path):
     """Reports every 5th step (at its checkpoints); restored at 10, it goes on at 16 and reports
     every 10th: its first report, 20, is what a stride of 10 would expect — but the stride is
-    the reports' before the fault (5), so steps 15..20 were skipped."""
-    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only --double-stride-after-restore"),
+    the reports' before the fault (5), so steps 15..20 were skipped.  The first attempt holds
+    20 s after checkpoint 10: under make integration's load the kill once came after
+    checkpoint 15, and restored there the restart (21..25) reports nothing at all."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--report-at-checkpoints-only --double-stride-after-restore "
+                                               "--hold-after-checkpoint 10"),
                         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    first = sorted({s for r in outcome.timeline.of("report") if r.attempt == 0 for s in steps_of(r).values()})
+    assert first == [5, 10], f"attempt 0 reported steps {first} before the kill: the shape needs checkpoints 5, 10"
     v = resume(outcome)
     assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
     assert "steps 15..20 were skipped" in v.message and "stride 5 before the fault" in v.message, v.line()
 
 
 def test_first_checkpoint_step_trained_again(chaos, tmp_path):
-    outcome = chaos.run(shape(chaos, tmp_path, "--retrain-checkpoint-step"),
+    """Killed after checkpoint 5 (the first attempt holds 20 s there, so the kill lands on it
+    however loaded the machine), the restart trains step 5 again and commits it again."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--retrain-checkpoint-step --hold-after-checkpoint 5"),
                         faults=[(AfterCheckpoint(1), chaos.raylet_kill(rank=1))])
     v = resume(outcome)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
@@ -104,8 +111,10 @@ def test_no_checkpoint_handed_to_train(chaos, tmp_path):
 
 def test_warm_up_fit_then_a_correct_resume(chaos, tmp_path):
     """A short fault-free fit() first (3 steps, no checkpoint), then the run under test: the
-    trigger counts the second run's checkpoints, and every verdict judges that run."""
-    outcome = chaos.run(shape(chaos, tmp_path, "--warmup-fit"), faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
+    trigger counts the second run's checkpoints, and every verdict judges that run (which
+    holds 20 s after checkpoint 10: the kill lands on it however loaded the machine)."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--warmup-fit --hold-after-checkpoint 10"),
+                        faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
     assert len({e.data["run_id"] for e in outcome.timeline.of("controller_started")}) == 2, "two fit() runs"
     [hit] = {e.data["run_id"] for e in outcome.timeline.of("failure_decision")}
     assert hit == outcome.timeline.of("controller_started")[1].data["run_id"], "the fault hit the second run"
