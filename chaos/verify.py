@@ -156,7 +156,9 @@ class _RunReports:
                                 for step, state in rows if metric and isinstance(state.get(metric), (int, float))}
         self.reports = [e for e in events if e.kind == "report"]
         self.persisted = [e for e in events if e.kind == "checkpoint_persisted"]
-        self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"})
+        # an attempt whose start event was lost (events_lost) still shows in its reports
+        self.attempts = sorted({e.attempt for e in events if e.kind == "attempt_started"}
+                               | {r.attempt for r in self.reports if r.attempt is not None})
         self.stepped = [r for r in self.reports if steps_of(r)]
 
     def strides_before(self, attempt: int) -> dict[int, Any]:
@@ -177,6 +179,16 @@ class _RunReports:
 
     def first_of(self, attempt: int) -> Event | None:
         return next((r for r in self.stepped if r.attempt == attempt), None)
+
+    def ranks_in(self, attempt: int) -> set[int]:
+        """Every rank a report of ``attempt`` names, with a step or without one."""
+        return {int(rank) for r in self.of_attempt(attempt) for rank in (r.data.get("steps") or {})} \
+            | {rank for r in self.of_attempt(attempt) for rank in steps_of(r)}
+
+    def first_step_of(self, attempt: int, rank: int) -> tuple[Event, Any] | None:
+        """``rank``'s first report in ``attempt`` that carries its step, and that step."""
+        return next(((r, steps_of(r)[rank]) for r in self.stepped if r.attempt == attempt and rank in steps_of(r)),
+                    None)
 
     def of_attempt(self, attempt: int) -> list[Event]:
         return [r for r in self.reports if r.attempt == attempt]
@@ -351,7 +363,17 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
                                   f"step {again}, the run's first checkpoint, was trained and committed again")
         return _RankJudgement(rank, got, "fail", "resumed from an older checkpoint", nxt, ck, rule,
                               f"steps {got}..{again} were trained again: step {again} had been committed before")
+    again_from_older = _trained_again_from_older(run, rank, ck, attempt, commits)
+    if again_from_older is not None:
+        diagnosis, rule, why = again_from_older
+        return _RankJudgement(rank, got, "fail", diagnosis, nxt, ck, rule, why)
     trained = run.trained_after(attempt, rank, ck)
+    if trained is not None and nxt is not None and trained > nxt and not _same_step(trained, nxt):
+        return _RankJudgement(rank, got, "fail", "resumed past the checkpoint", nxt, ck,
+                              f"after a first report at checkpoint step {ck}, the next step reported is the one that "
+                              f"followed the checkpoint before the fault ({nxt})",
+                              f"attempt {attempt} reported step {ck}, then step {trained}: steps {nxt}..{trained} "
+                              "were skipped")
     earlier = run.value_at(rank, trained, lambda a: a < attempt) if trained is not None else None
     if earlier is None and (rank, _step_key(trained)) in run.baseline_values:
         earlier = ("the fault-free baseline", run.baseline_values[(rank, _step_key(trained))])
@@ -379,6 +401,34 @@ def _judge_at_checkpoint_step(run: _RunReports, rank: int, got, ck, nxt, attempt
         return _RankJudgement(rank, got, "warning", "state differs", nxt, ck, rule,
                               why + f" (a warning: the workload is not declared deterministic, {DETERMINISM_HINT})")
     return _RankJudgement(rank, got, "pass", None, nxt, ck, rule + f": step {trained} reproduced {was:.6g} of {where}")
+
+
+def _trained_again_from_older(run: _RunReports, rank: int, ck, attempt: int,
+                              commits: list[Event]) -> tuple[str, str, str] | None:
+    """(diagnosis, rule, why) when the first report at checkpoint step ``ck`` reproduces the
+    value step ``ck`` had *before* it was trained: only the state before that checkpoint
+    gives it (an evaluation after loading checkpoint ``ck``, or step ``ck`` trained again
+    from it, start from the state after it).  Not applied where the earlier attempt's value
+    at ``ck`` equals its value at the next step it reported: a metric that does not move with
+    training cannot tell the two states apart."""
+    now = run.value_at(rank, ck, lambda a: a == attempt)
+    before = run.value_at(rank, ck, lambda a: a < attempt)
+    if now is None or before is None or not _reproduces(now[1], before[1]):
+        return None
+    following = next((steps_of(r)[rank] for r in run.stepped if r.attempt == before[0] and rank in steps_of(r)
+                      and steps_of(r)[rank] > ck), None)
+    moved = run.value_at(rank, following, lambda a: a == before[0]) if following is not None else None
+    if moved is None or _reproduces(moved[1], before[1]):
+        return None
+    older = sorted({steps_of(c)[rank] for c in commits if rank in steps_of(c) and steps_of(c)[rank] < ck})
+    rule = (f"a first report at checkpoint step {ck} that gives step {ck}'s value from before it was trained "
+            f"(attempt {before[0]}) comes from the state before checkpoint {ck}")
+    how = f"step {ck} gave {now[1]:.6g} in attempt {attempt}, as it did in attempt {before[0]} before it was trained"
+    if older:
+        return ("resumed from an older checkpoint", rule,
+                f"{how}: it was trained again from an older state (checkpoint step {older[-1]}), not "
+                f"evaluated after loading checkpoint {ck}")
+    return "restarted from scratch", rule, f"{how}: it was trained again without the checkpoint's state"
 
 
 def resumed_from_latest(timeline: Timeline, deterministic: bool = True,
@@ -444,6 +494,8 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
         commits = [r for r in run.reports if r.attempt < attempt and r.data.get("checkpoint")]
         judged = [_judge_rank(run, rank, got, commits, first_steps.get(rank), attempt)
                   for rank, got in sorted(steps_of(first).items())]
+        judged += [_judge_late_step(run, rank, commits, first_steps.get(rank), attempt)
+                   for rank in sorted(run.ranks_in(attempt) - set(steps_of(first)))]
         latest = commits[-1] if commits else None
         evidence = {
             "run_id": run_id, "attempt": attempt, "attempts_that_never_reported": list(silent),
@@ -461,6 +513,25 @@ def _resumes_of_run(timeline: Timeline, run_id: str, events: list[Event], label:
         verdicts.append(verdict if gap is None else _against_missing_events(verdict, *gap, attempt))
         silent = []
     return verdicts
+
+
+def _judge_late_step(run: _RunReports, rank: int, commits: list[Event], first_step, attempt: int) -> _RankJudgement:
+    """A rank whose first report(s) in ``attempt`` carried no step: its first step shows where
+    it began only when that step is already before the checkpoint (work done again whatever
+    came first); any other first step is unverifiable, never a pass."""
+    own = run.first_step_of(attempt, rank)
+    unknown = f"rank {rank}'s first report(s) in attempt {attempt} carried no step"
+    if own is None:
+        return _RankJudgement(rank, None, "unverifiable", "unverifiable: no step after the restart",
+                              why=f"{unknown}, nor did any later one")
+    got = own[1]
+    judged = _judge_rank(run, rank, got, commits, first_step, attempt)
+    ck = judged.checkpoint_step
+    if judged.status == "fail" and ck is not None and got < ck and not _same_step(got, ck):
+        return dataclasses.replace(judged, why=f"{judged.why}; {unknown}, and its first step, {got}, is before "
+                                               f"checkpoint step {ck}")
+    return _RankJudgement(rank, got, "unverifiable", "unverifiable: no step after the restart", judged.expected, ck,
+                          judged.rule, f"{unknown}: its first step, {got}, cannot show where it began")
 
 
 #: what events the harness did not see cannot turn into a right resume: a later checkpoint than
@@ -632,7 +703,8 @@ def _combine(name: str, attempt: int, judged: list[_RankJudgement], latest: Even
             if latest is not None:
                 head += f"; {ck_desc}"
         return Verdict(name, "fail", f"{head} (rule: {lead.rule})", lead.diagnosis, evidence)
-    starts = {j.rank: j.got for j in judged}
+    # a rank whose first report had no step (_judge_late_step) began at a step nobody saw
+    starts = {j.rank: j.got for j in judged if j.diagnosis != "unverifiable: no step after the restart"}
     if len(set(starts.values())) > 1 and agreed:
         evidence["rule"] = "ranks reported the same step before the restart"
         parts = ", ".join(f"rank {r} at step {s}" for r, s in starts.items())

@@ -259,6 +259,103 @@ def test_a_retrained_checkpoint_step_fails_by_the_next_step_value_or_the_second_
     assert "steps 10..10 were trained again: step 10 had been committed before" in v.message
 
 
+def periodic_and_just_in_time(first_value_after):
+    """Checkpoints at step 4 (periodic) and 5 (just in time: no second commit of 5 later), step
+    6, the fault; the restart first reports step 5 with ``first_value_after`` for its loss, then
+    trains 6..12 reproducing attempt 0's values (every 8th step a checkpoint)."""
+    s = Script(state_metric="loss").start_attempt()
+    for st in range(1, 7):
+        s.report({0: st, 1: st}, f"/storage/ck{st}" if st in (4, 5) else None,
+                 states={r: train_loss(r, st) for r in (0, 1)})
+    s.fault().decision().start_attempt()
+    s.report({0: 5, 1: 5}, states={r: first_value_after(r) for r in (0, 1)})
+    for st in range(6, 13):
+        s.report({0: st, 1: st}, "/storage/ck8" if st == 8 else None, states={r: train_loss(r, st) for r in (0, 1)})
+    return s.finish().timeline()
+
+
+def test_a_checkpoint_step_trained_again_from_an_older_checkpoint_fails_though_nothing_is_committed_twice():
+    # loaded checkpoint 4, trained step 5 again: its value is step 5's from before it was
+    # trained (attempt 0), which neither an evaluation after loading 5 nor 5 trained from 5 gives
+    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: train_loss(r, 5)))
+    assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
+    assert "it was trained again from an older state (checkpoint step 4)" in v.message, v.line()
+    # twin: an evaluation after loading checkpoint 5 gives another value, and step 6 decides
+    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: 99.0 + r))
+    assert v.status == "pass" and "step 6 reproduced" in v.evidence["rule"], v.line()
+
+
+def test_a_first_checkpoint_step_trained_again_without_its_state_is_a_restart_from_scratch():
+    # one checkpoint (5) only: its step's earlier value again means the state of no checkpoint
+    s = Script(state_metric="loss").start_attempt()
+    for st in range(1, 7):
+        s.report({0: st, 1: st}, "/storage/ck5" if st == 5 else None, states={r: train_loss(r, st) for r in (0, 1)})
+    s.fault().decision().start_attempt()
+    s.report({0: 5, 1: 5}, states={r: train_loss(r, 5) for r in (0, 1)})
+    s.report({0: 6, 1: 6}, states={r: train_loss(r, 6) for r in (0, 1)})
+    [v] = resumed_from_latest(s.finish().timeline())
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+    assert "trained again without the checkpoint's state" in v.message, v.line()
+
+
+def test_a_state_metric_that_does_not_move_with_training_does_not_decide_a_checkpoint_step_first_report():
+    # loss 1.0 at every step: step 5's value again says nothing about the state it came from,
+    # so the next trained step decides as before (it reproduces: a pass on what can be told)
+    s = Script(state_metric="loss").start_attempt()
+    for st in range(1, 7):
+        s.report({0: st, 1: st}, f"/storage/ck{st}" if st in (4, 5) else None, states={0: 1.0, 1: 1.0})
+    s.fault().decision().start_attempt()
+    for st in range(5, 9):
+        s.report({0: st, 1: st}, states={0: 1.0, 1: 1.0})
+    [v] = resumed_from_latest(s.finish().timeline())
+    assert v.status == "pass" and "step 6 reproduced" in v.evidence["rule"], v.line()
+
+
+def test_a_rank_without_a_step_in_the_first_report_round_is_judged_by_its_own_first_step():
+    def restart(rank1_steps):
+        s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
+        s.report({0: 11, 1: None})
+        for st, r1 in zip(range(12, 20), rank1_steps):
+            s.report({0: st, 1: r1})
+        return s.finish().timeline()
+
+    # rank 1 then counts from 2: whatever its stepless first report was, it did steps before
+    # checkpoint 10 again (it used to be left out of the verdict, which passed on rank 0)
+    [v] = resumed_from_latest(restart(range(2, 10)))
+    assert v.status == "fail" and "rank 1 began attempt 1 at step 2" in v.message, v.line()
+    assert "its first step, 2, is before checkpoint step 10" in v.message and sorted(v.evidence["ranks"]) == [0, 1]
+    # twin: rank 1 then reports 12 — right if its first report was 11, but nothing says so
+    [v] = resumed_from_latest(restart(range(12, 20)))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step after the restart", v.line()
+    assert "rank 1's first report(s) in attempt 1 carried no step: its first step, 12" in v.message, v.line()
+    # never a step from rank 1 in the attempt: unverifiable too, never a pass on rank 0 alone
+    [v] = resumed_from_latest(restart([None] * 8))
+    assert v.status == "unverifiable" and "nor did any later one" in v.message, v.line()
+    # the healthy twin: every rank's step in the first round
+    tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish().timeline()
+    [v] = resumed_from_latest(tl)
+    assert v.status == "pass" and sorted(v.evidence["ranks"]) == [0, 1], v.line()
+
+
+def test_an_attempt_whose_start_event_is_missing_is_still_judged_by_its_reports():
+    # the recorder's attempt_started of attempt 1 is gone: its reports still make a verdict
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(1, 20)
+    tl = s.finish().timeline()
+    tl.events[:] = [e for e in tl.events if not (e.kind == "attempt_started" and e.attempt == 1)]
+    [v] = resumed_from_latest(tl)
+    assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
+
+
+def test_a_first_report_at_the_checkpoint_step_then_a_skipped_step_fails_as_resumed_past_it():
+    # an evaluation at 10, then step 12: step 11 was skipped, though 12 reproduces attempt 0's
+    [v] = resumed_from_latest(evaluated_or_retrained(14, 12))
+    assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
+    assert "reported step 10, then step 12: steps 11..12 were skipped" in v.message, v.line()
+    # twin: an evaluation at 10, then step 11
+    [v] = resumed_from_latest(evaluated_or_retrained(14, 11))
+    assert v.status == "pass", v.line()
+
+
 def test_first_report_at_the_checkpoint_step_without_evidence_is_unverifiable_never_a_pass():
     # the fault right after checkpoint 10: nothing before it says what step 11 should give
     [v] = resumed_from_latest(evaluated_or_retrained(10, 11))
