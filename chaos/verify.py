@@ -1304,7 +1304,7 @@ def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = ST
     unusable = _baseline_unusable(timeline, baseline)
     if unusable:
         return Verdict(name, "unverifiable", unusable, "unverifiable: no baseline", evidence)
-    differ, compared = [], []
+    differ, compared, uncompared, stateless = [], [], [], []
     for rank in sorted(set(mine) | set(baseline.final)):
         got, want = mine.get(rank), baseline.final.get(rank)
         if got is None or want is None:
@@ -1322,15 +1322,30 @@ def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = ST
                 f"{m} {_fmt(got['state'][m])} but {_fmt(want['state'][m])} in the baseline" for m in bad))
         elif common:
             compared.append(f"rank {rank} at step {got['step']} ({values})")
+        elif got["state"] or want["state"]:  # a state on one side only: this rank's is not compared
+            uncompared.append(f"rank {rank} at step {got['step']} reported {_names(got['state'])} in the faulted run "
+                              f"but {_names(want['state'])} in the baseline")
+        else:
+            stateless.append(rank)
     origin = _origin(baseline)
     if differ:
         return Verdict(name, "fail", "final state differs from the fault-free run's: " + "; ".join(differ)
                        + f" ({origin})", "final state differs", evidence)
+    if uncompared and compared:
+        return Verdict(name, "unverifiable", "unverifiable: no state metric in common for every rank: "
+                       + "; ".join(uncompared) + f", so its final state cannot be compared ({origin})",
+                       "unverifiable: no state metric", evidence)
     if not compared:
         return Verdict(name, "unverifiable", "unverifiable: no state metric: the run and its baseline report no "
                        "state metric in common", "unverifiable: no state metric", evidence)
-    return Verdict(name, "pass", "every rank ended in the fault-free run's state: " + "; ".join(compared)
+    alike = (f"; rank(s) {', '.join(map(str, stateless))} reported no state value in either run, their steps "
+             "alike" if stateless else "")
+    return Verdict(name, "pass", "every rank ended in the fault-free run's state: " + "; ".join(compared) + alike
                    + f" ({origin})", None, evidence)
+
+
+def _names(state: dict) -> str:
+    return ", ".join(sorted(state)) or "no state value"
 
 
 def _baseline_unusable(timeline: Timeline, baseline: Baseline) -> str | None:
@@ -1397,6 +1412,12 @@ def state_trajectory(timeline: Timeline, baseline: Baseline, deterministic: bool
                        "randomness, or allow more with --chaos-state-rtol)", "unverifiable: baseline not reproduced",
                        evidence)
     restarted = [c for c in compared if c["attempt"] > first_attempt]
+    unfollowed = sorted({r.attempt for r in reports if r.attempt > first_attempt} - {c["attempt"] for c in restarted})
+    if first_off is None and restarted and unfollowed:  # one attempt's steps do not vouch for another's
+        return Verdict(name, "unverifiable", f"unverifiable: no step to compare in attempt(s) "
+                       f"{', '.join(map(str, unfollowed))}: they reported no step the fault-free run reported with a "
+                       f"state value, so their restored state is not followed ({_origin(baseline)})",
+                       "unverifiable: no step to compare", evidence)
     if first_off is None and not restarted:
         if not any(r.attempt > first_attempt for r in reports):
             return Verdict(name, "n/a", "not checked: no attempt after the first reported, so no restored state "

@@ -279,3 +279,23 @@ def test_the_baseline_run_gets_the_faults_environment_after_what_it_names_is_on_
     assert result.error == "the fault-free run broke: stopped here: the test only looks at the spec"
     assert seen["env_vars"]["LD_PRELOAD"] == "/var/tmp/ray-chaos/shim/h/libchaos_cuda.so", seen
     assert "prepare: the CUDA shim at /var/tmp/ray-chaos/shim/h/libchaos_cuda.so on 3 worker hosts" in said
+
+
+def test_a_rank_whose_state_the_baseline_has_and_the_run_does_not_is_not_passed():
+    # rank 1's last report carries no state value, the baseline's does: rank 1 is not compared,
+    # so the run is unverifiable, never "every rank ended in the fault-free run's state"
+    run = faulted()
+    for e in run.events:
+        if e.kind == "report" and e.attempt == 1:
+            e.data["states"]["1"] = None
+    v = final_state_matches(run.timeline(), baseline_of(fault_free()))
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
+    assert "rank 1 at step 20 reported no state value in the faulted run but loss in the baseline" in v.message
+    # twin: neither run has rank 1's state (a script that reports its loss on rank 0 only)
+    base = fault_free()
+    for script in (run, base):
+        for e in script.events:
+            if e.kind == "report":
+                e.data["states"]["1"] = None
+    v = final_state_matches(run.timeline(), baseline_of(base))
+    assert v.status == "pass" and "rank(s) 1 reported no state value in either run, their steps alike" in v.message

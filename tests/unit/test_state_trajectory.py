@@ -158,3 +158,21 @@ def test_a_baseline_keeps_its_trajectory_through_json():
     assert again.trajectory == b.trajectory and again.trajectory[1][19] == [20, {"loss": loss(1, 20)}]
     again.run_name = "base"  # Script names every run "r": the baseline is its own run
     assert state_trajectory(faulted().timeline(), again).status == "pass"
+
+
+def test_a_restarted_attempt_with_nothing_to_compare_is_not_vouched_for_by_an_earlier_one():
+    # two faults: attempt 1 follows the baseline, attempt 2 reports no state value at all
+    s = reports(Script(state_metric="loss").start_attempt(), 1, 10).fault().decision().start_attempt()
+    s = reports(s, 11, 14).fault().decision().start_attempt()
+    s = reports(s, 11, 20, state=lambda r, step: None)
+    for e in s.events:
+        if e.kind == "report" and e.attempt == 2:
+            e.data["metrics"] = {"step": e.data["steps"]["0"]}
+    v = state_trajectory(s.finish().timeline(), baseline())
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step to compare", v.line()
+    assert "no step to compare in attempt(s) 2" in v.message, v.line()
+    # twin: attempt 2 follows the baseline too
+    s = reports(Script(state_metric="loss").start_attempt(), 1, 10).fault().decision().start_attempt()
+    s = reports(reports(s, 11, 14).fault().decision().start_attempt(), 11, 20)
+    v = state_trajectory(s.finish().timeline(), baseline())
+    assert v.status == "pass", v.line()
