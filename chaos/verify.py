@@ -60,7 +60,7 @@ DIAGNOSES: tuple[str, ...] = (
     "unverifiable: no node agent evidence", "charge not among the measured outcomes",
     "unverifiable: no measured outcomes",
     # run-finished
-    "run failed", "run did not finish", "run did not fail cleanly",
+    "run failed", "run did not finish", "run did not fail cleanly", "unverifiable: no job status",
     # progress (chaos.progress, chaos.experiment), healed
     "training stalled", "did not resume", "crash loop", "run ended before the fault", "driver did not exit",
     "cleanup failed",
@@ -1064,7 +1064,11 @@ def run_finished(timeline: Timeline, expect: Expectation) -> Verdict:
                        f"(job status {status})", "run did not finish", evidence)
     state = fin.data.get("state")
     if expect.budget_exhausted:
-        ok = state == "ERRORED" and status in ("FAILED", None)
+        if state == "ERRORED" and status is None:
+            return Verdict("run-finished", "unverifiable", "unverifiable: no job status: the run ended ERRORED, but "
+                           "its job's final status was never read, so nothing shows the driver failed with it (a "
+                           "driver that swallows the error ends SUCCEEDED)", "unverifiable: no job status", evidence)
+        ok = state == "ERRORED" and status == "FAILED"
         return Verdict("run-finished", "expected" if ok else "fail",
                        "the run ended in a clean failure (ERRORED), as budget exhaustion should" if ok else
                        f"run did not fail cleanly: it ended {state} (job {status}), but budget exhaustion should end it "
@@ -1527,7 +1531,7 @@ def node_recovery_chain(timeline: Timeline) -> list[Verdict]:
 def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
     """Per preemption: when Ray was told, the deadline, when the node went, and whether a
     checkpoint was committed inside that window (checked when the suite says it must be)."""
-    out = []
+    out, windows = [], []  # the earlier preemptions' windows: a checkpoint there was no periodic one
     for i, notice in enumerate(timeline.of("preemption_notice"), 1):
         d = notice.data
         gone = timeline.first("node_dead", after=notice.t, where=lambda e: e.data.get("node_id") == d["node_id"])
@@ -1546,7 +1550,8 @@ def preemption_window(timeline: Timeline, expect: Expectation) -> list[Verdict]:
         name = f"preemption-window (preemption {i})"
         want = expect.checkpoint_in_window
         before = sorted({s for r in timeline.of("report") if r.data.get("checkpoint") and r.t < notice.t
-                         for s in steps_of(r).values()})
+                         and not any(a <= r.t <= b for a, b in windows) for s in steps_of(r).values()})
+        windows.append((notice.t, end))
         cadence = _cadence(before)
         periodic = [s for s in steps if cadence is not None and _on_cadence(s, before[-1], cadence)]
         # When each committed checkpoint reached storage: a rank's report with it in a poll (the

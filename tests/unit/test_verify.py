@@ -739,10 +739,17 @@ def test_expected_exhaustion_that_ends_errored_failed_cleanly():
     v = run_finished(exhausted("ERRORED"), EXPECT_EXHAUSTION)
     assert v.status == "expected" and v.diagnosis is None, v.line()
     assert v.evidence["run_state"] == "ERRORED" and v.evidence["job_status"] == "FAILED"
+
+
+def test_expected_exhaustion_without_the_jobs_status_is_unverifiable_not_expected():
+    # ERRORED, but no job record: a driver that swallowed the error (job SUCCEEDED) looks the same
     s = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0)
-    s.events.append(s._e("recorder", "run_finished", state="ERRORED"))  # no job record (status None)
+    s.events.append(s._e("recorder", "run_finished", state="ERRORED"))
     v = run_finished(s.timeline(), EXPECT_EXHAUSTION)
-    assert v.status == "expected" and v.message.startswith("the run ended in a clean failure (ERRORED)")
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no job status", v.line()
+    assert "its job's final status was never read" in v.message
+    # twin: the job's FAILED status read
+    assert run_finished(exhausted("ERRORED"), EXPECT_EXHAUSTION).status == "expected"
 
 
 def test_stalled_and_did_not_resume_messages():
@@ -1082,6 +1089,32 @@ def test_a_periodic_checkpoint_that_lands_in_the_window_is_no_just_in_time_check
 def test_a_window_checkpoint_with_no_cadence_before_the_notice_is_unverifiable():
     [v] = preemption_window(windowed(None, 14), Expectation(checkpoint_in_window=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint cadence", v.line()
+
+
+def two_preemptions(second_checkpoint_step):
+    """Checkpoints every 5 steps; preemption 1 gets a just-in-time checkpoint at 17 (off the
+    cadence); preemption 2's window holds a checkpoint at ``second_checkpoint_step``."""
+    s = Script().start_attempt().steps(1, 16, every=5).preemption(window_s=8.0)
+    s.report({0: 17, 1: 17}, "/storage/checkpoint_17")
+    s.gone().decision(budget_class="preemption").start_attempt().steps(18, 19, every=None)
+    s.preemption(node_id="n0", window_s=8.0)
+    step = second_checkpoint_step
+    s.report({0: step, 1: step}, f"/storage/checkpoint_{step}").report({0: step + 1, 1: step + 1})
+    s.gone(node_id="n0").decision(budget_class="preemption").start_attempt()
+    return s.steps(step + 1, step + 5, every=None).finish().timeline()
+
+
+def test_an_earlier_preemptions_just_in_time_checkpoint_does_not_shift_the_cadence():
+    # step 20 is the periodic checkpoint (every 5): anchored on preemption 1's just-in-time 17
+    # it looked off the cadence and passed as preemption 2's just-in-time checkpoint
+    first, second = preemption_window(two_preemptions(20), Expectation(checkpoint_in_window=True))
+    assert first.status == "pass", first.line()
+    assert second.status == "fail" and second.diagnosis == "no just-in-time checkpoint", second.line()
+    assert "(every 5 steps from 15)" in second.message and second.evidence["periodic_checkpoint_steps"] == [5, 10, 15]
+    # twin: preemption 2's checkpoint at 21 is off the cadence, made for the notice
+    first, second = preemption_window(two_preemptions(21), Expectation(checkpoint_in_window=True))
+    assert second.status == "pass" and "off the periodic cadence (every 5 steps from 15)" in second.message, \
+        second.line()
 
 
 def persisted_early(before_notice: bool):
