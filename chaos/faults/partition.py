@@ -46,7 +46,10 @@ echo "cut $timer"
 HEAL = ("for d in in:INPUT out:OUTPUT; do c={chain}-${{d%%:*}}; "
         "while iptables -w 5 -D ${{d#*:}} -j $c 2>/dev/null; do :; done; "
         "iptables -w 5 -F $c 2>/dev/null; iptables -w 5 -X $c 2>/dev/null; done; true")
-CUT_NOW = "iptables -w 5 -S INPUT | grep -qF -- '-j {chain}-in' && echo cut || echo healed"
+# Whether anything of the cut is left (a chain, or a jump to one, in or out); an iptables that
+# cannot list its rules (its lock held past -w) fails the command: "healed" only when seen.
+CUT_NOW = ("rules=$(iptables -w 5 -S) || exit 4; "
+           "printf '%s\\n' \"$rules\" | grep -qE -- '(^-N |-j ){chain}-(in|out)$' && echo cut || echo healed")
 
 
 class Partition(Fault):
@@ -98,8 +101,8 @@ class Partition(Fault):
             still = console.is_partitioned()
         else:
             still = _heal_chains(inj.host.transport, inj.evidence["chain"])
-            # The timer's process group (setsid made it its own): nothing of the fault stays behind.
-            inj.host.transport.run(f"kill -- -{int(inj.evidence['timer_pid'])} 2>/dev/null; true", timeout=30)
+            if not still:  # the timer's process group (setsid made it its own); kept while the cut is not gone
+                inj.host.transport.run(f"kill -- -{int(inj.evidence['timer_pid'])} 2>/dev/null; true", timeout=30)
         if still:
             raise InjectionError(f"partition rules on {inj.target.node_ip} are still there after heal")
         ctx.timeline.emit("fault", "partition_healed", host=inj.target.node_ip)
