@@ -312,16 +312,19 @@ class Xid(ShimFault, Fault):
     def sweep(cls, plan: dict, backend) -> bool:
         """Disarm the plan on the host the ledger names, empty a test host's kernel-log stand-in
         (a regular file; a real /dev/kmsg is never touched), and list what a node agent set."""
+        kube = backend.kube
+        if kube is not None:  # first: the pod below may be gone with the node's reboot, and the sweep fail there
+            from chaos.faults.kube import delete_node_shells
+
+            delete_node_shells(kube)  # one left by a killed session could still write its line
         host = backend.reach(plan["host"])
         host.transport.run(control_command(plan["control"], None, python=backend.python), timeout=60).check()
         files = [plan["control"]] + ([plan["log"]] if plan.get("log") else [])
         host.transport.run("rm -f " + " ".join(shlex.quote(f) for f in files), timeout=60).check()
         host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
-        kube = backend.kube
         if kube is not None:
-            from chaos.faults.kube import _list_nodes, delete_node_shells
+            from chaos.faults.kube import _list_nodes
 
-            delete_node_shells(kube)  # one left by a killed session could still write its line
             signals = AgentSignals.from_settings(backend.profile.kubernetes.node_agent)
             for node in _list_nodes(kube)["items"]:
                 found = signals.on(node)

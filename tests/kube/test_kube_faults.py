@@ -580,6 +580,39 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
         assert server.store.get(PODS.plural, "default", "chaos-node-shell-left") is None, "a node-shell pod was left"
 
 
+def test_xid_sweep_deletes_a_left_node_shell_though_the_rays_pod_went_with_the_node():
+    """The node agent rebooted the node: the Ray pod the ledger names is gone, so the sweep's
+    exec there fails (the entry stays open) — the node-shell pod a killed session left is
+    deleted first all the same (pending, it could write the Xid line again once the node is back)."""
+    from chaos.errors import TransportError
+    from chaos.faults.kube import NODE_SHELL_LABELS
+    from chaos.faults.xid import Xid
+    from chaos.profile.models import KubernetesSettings
+
+    with serve() as server:
+        node(server, "hyperpod-a")
+
+        class Gone:
+            host = "pod-a"
+
+            def run(self, command, timeout=None):
+                raise TransportError('pod-a: pods "pod-a" not found')
+
+        class Backend:
+            python = "python3"
+            kube = access(server)
+            profile = type("Profile", (), {"kubernetes": KubernetesSettings(ray_cluster="rc")})
+
+            @staticmethod
+            def reach(key):
+                return type("Host", (), {"transport": Gone()})
+
+        pod(server, "chaos-node-shell-left", None, labels=dict(NODE_SHELL_LABELS))
+        with pytest.raises(TransportError, match="not found"):
+            Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl"}, Backend)
+        assert server.store.get(PODS.plural, "default", "chaos-node-shell-left") is None, "a node-shell pod was left"
+
+
 # -- the xid fault's chain watch ------------------------------------------------------------
 def chain_watch(server, name, agent_slo_s=5.0, recover_timeout_s=5.0):
     from chaos.faults.kube import list_nodes_at
