@@ -141,6 +141,31 @@ class Preempt(Fault):
         # The node dies only when the drain window ends.
         return base_s + max(self.deadline_s, RAY_DEFAULT_DRAIN_WINDOW_S)
 
+    def revert_plan(self, inj: Injection) -> dict:
+        """Where the fault ends the node itself (a drain: Ray never does; a SIGKILL after the
+        grace period), a session stopped before that kill (Ctrl-C in the window, a failed kill,
+        SIGKILL) would leave the node draining for good, taking no work: revert and sweep end
+        that node (its raylet, by its exact node id: a node recovery started since is another)."""
+        if self.via == "sigterm" and self.kill_after_s is None:
+            return super().revert_plan(inj)  # Ray's drain window ends that node by itself
+        return {"action": "end-preempted-node", "host": inj.host.key, "node_id": inj.target.node_id,
+                "why": "the node stays draining until its raylet is killed"}
+
+    def revert(self, ctx: FaultContext, inj: Injection) -> bool:
+        if self.revert_plan(inj)["action"] == "none":
+            return False
+        return _end_node(inj.host.transport, inj.target.node_id)
+
+    @classmethod
+    def sweep(cls, plan: dict, backend) -> bool:
+        if plan.get("action") != "end-preempted-node":
+            return super().sweep(plan, backend)
+        transport = backend.connect(plan["host"])
+        try:
+            return _end_node(transport, plan["node_id"])
+        finally:
+            transport.close()
+
     def inject(self, ctx: FaultContext, inj: Injection) -> dict:
         return self._sigterm(ctx, inj) if self.via == "sigterm" else self._drain(ctx, inj)
 
@@ -182,3 +207,12 @@ class Preempt(Fault):
         return {"raylet_pid": int(killed.stdout.split()[0]), "killed_at_s": round(time.time() - when, 3)}
 
 
+def _end_node(transport, node_id: str) -> bool:
+    """SIGKILL the raylet of node ``node_id`` if it still runs; whether it did."""
+    killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node_id)), timeout=20)
+    if killed.exit_code == 3:  # gone: killed at its deadline, or ended by Ray
+        return False
+    if not killed.ok:
+        raise InjectionError(f"the preempted node {node_id[:8]} could not be ended on {transport.host}: "
+                             f"exit {killed.exit_code}: {killed.stderr.strip()}")
+    return True
