@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -528,11 +529,19 @@ def test_ray_chaos_sweep_with_a_kubernetes_profile_uncordons_what_a_killed_sessi
         assert not Ledger(ledger.path).open_entries()
 
 
+def xid_sweep_backend(server, transport):
+    """What Xid.sweep asks of a backend: the API, the profile's settings, the host's transport."""
+    from chaos.profile.models import KubernetesSettings
+
+    return types.SimpleNamespace(python="python3", kube=access(server),
+                                 profile=types.SimpleNamespace(kubernetes=KubernetesSettings(ray_cluster="rc")),
+                                 reach=lambda key: types.SimpleNamespace(transport=transport))
+
+
 def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it(caplog):
     """A killed session's xid: the sweep disarms the plan on the host and names the nodes that
     carry the agent's condition or label — clearing them could cancel a real remediation."""
     from chaos.faults.xid import Xid
-    from chaos.profile.models import KubernetesSettings
     from chaos.transport.base import CommandResult
 
     with serve() as server:
@@ -554,15 +563,7 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
                 commands.append(command)
                 return CommandResult("pod-a", command, 0, "", "")
 
-        class Backend:
-            python = "python3"
-            kube = access(server)
-            profile = type("Profile", (), {"kubernetes": KubernetesSettings(ray_cluster="rc")})
-
-            @staticmethod
-            def reach(key):
-                return type("Host", (), {"transport": Transport()})
-
+        Backend = xid_sweep_backend(server, Transport())
         from chaos.faults.kube import NODE_SHELL_LABELS
 
         pod(server, "chaos-node-shell-left", None, labels=dict(NODE_SHELL_LABELS))
@@ -587,7 +588,6 @@ def test_xid_sweep_deletes_a_left_node_shell_though_the_rays_pod_went_with_the_n
     from chaos.errors import TransportError
     from chaos.faults.kube import NODE_SHELL_LABELS
     from chaos.faults.xid import Xid
-    from chaos.profile.models import KubernetesSettings
 
     with serve() as server:
         node(server, "hyperpod-a")
@@ -598,15 +598,7 @@ def test_xid_sweep_deletes_a_left_node_shell_though_the_rays_pod_went_with_the_n
             def run(self, command, timeout=None):
                 raise TransportError('pod-a: pods "pod-a" not found')
 
-        class Backend:
-            python = "python3"
-            kube = access(server)
-            profile = type("Profile", (), {"kubernetes": KubernetesSettings(ray_cluster="rc")})
-
-            @staticmethod
-            def reach(key):
-                return type("Host", (), {"transport": Gone()})
-
+        Backend = xid_sweep_backend(server, Gone())
         pod(server, "chaos-node-shell-left", None, labels=dict(NODE_SHELL_LABELS))
         with pytest.raises(TransportError, match="not found"):
             Xid.sweep({"action": "disarm-xid", "host": "pod-a", "control": "/dev/shm/chaos-xid-x.ctl"}, Backend)
