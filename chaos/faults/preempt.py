@@ -75,6 +75,29 @@ echo "no raylet with --node_id=$id on $(hostname)" >&2; exit 3
 """
 
 
+# The `ray start --block` that owns the node's raylet (by its exact node id): its PID, or nothing.
+RAY_START_OF_NODE = r"""
+id={node_id}
+for d in /proc/[0-9]*; do
+  cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
+  case "$cmd" in */raylet/raylet\ *"--node_id=$id"*)
+    ppid=$(awk '/^PPid:/ {{print $2}}' "$d/status")
+    case "$(tr '\0' ' ' < "/proc/$ppid/cmdline" 2>/dev/null)" in *" start "*"--block"*) echo "$ppid";; esac
+    exit 0;;
+  esac
+done
+"""
+# End that `ray start --block` (SIGTERM, SIGKILL after 20 s) if PID still is one.
+END_RAY_START = r"""
+pid={pid}
+case "$(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null)" in *" start "*"--block"*) ;; *) echo gone; exit 0;; esac
+kill -TERM "$pid"
+running() {{ [ -r "/proc/$pid/status" ] && awk '/^State:/ {{exit ($2 == "Z")}}' "/proc/$pid/status"; }}  # exited: a zombie
+i=0; while [ $i -lt 40 ]; do running || {{ echo ended; exit 0; }}; sleep 0.5; i=$((i + 1)); done
+kill -KILL "$pid" 2>/dev/null; echo killed
+"""
+
+
 def ray_version() -> tuple[int, int]:
     major, minor = ray.__version__.split(".")[:2]
     return int(major), int(minor)
@@ -187,6 +210,9 @@ class Preempt(Fault):
 
     def _drain(self, ctx: FaultContext, inj: Injection) -> dict:
         node = inj.target.node_id
+        if inj.host.console is None:  # see _kill_at: a host whose Ray only its own service restarts
+            owner = inj.host.transport.run(RAY_START_OF_NODE.format(node_id=shlex.quote(node)), timeout=20)
+            inj.evidence["ray_start_pid"] = int(owner.stdout.split()[0]) if owner.ok and owner.stdout.split() else None
         t = time.time()
         drain_node(ctx.cluster.gcs_address, node, "chaos: preemption", t + self.deadline_s)
         emit_notice(ctx, inj, t, self.deadline_s, self.via)
@@ -200,7 +226,13 @@ class Preempt(Fault):
         node, transport = inj.target.node_id, inj.host.transport
         killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node)), timeout=20)
         if killed.exit_code == 3:  # the node had ended the drain by itself (it went idle)
-            return {"raylet_pid": None, "at_deadline": "the node had shut down already"}
+            # Its raylet exited 0, which `ray start --block` does not count as an exit: it would
+            # block on for good and the host's service never restart Ray, where the instance
+            # would have gone.  End it, as the instance going away does.
+            pid = inj.evidence.get("ray_start_pid")
+            ended = (transport.run(END_RAY_START.format(pid=int(pid)), timeout=40).stdout.strip() or "?") \
+                if pid else "not known"
+            return {"raylet_pid": None, "at_deadline": "the node had shut down already", "ray_start": ended}
         if not killed.ok:
             raise InjectionError(f"node {node[:8]} could not be killed at its deadline on {transport.host}: "
                                  f"exit {killed.exit_code}: {killed.stderr.strip()}")

@@ -7,6 +7,7 @@ whose command line names a node id, as Ray's does (started and stopped by PID)."
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 import types
@@ -66,3 +67,63 @@ def test_a_sigterm_that_ray_ends_itself_leaves_nothing_to_revert(raylet):
     inj = injection(fault, node_id)
     assert fault.revert_plan(inj)["action"] == "none"
     assert fault.revert(types.SimpleNamespace(), inj) is False and p.poll() is None
+
+
+PARENT = """
+import signal, subprocess, sys
+raylet = subprocess.Popen([sys.argv[1], "-c", "import sys, time; time.sleep(float(sys.argv[1]))", sys.argv[2],
+                           "--node_id=" + sys.argv[3]])
+signal.signal(signal.SIGTERM, lambda *a: (raylet.kill(), raylet.wait(), sys.exit(0)))
+raylet.wait()
+signal.pause()  # as `ray start --block` does after a raylet that exited 0: block on
+"""
+
+
+@pytest.fixture
+def ray_start(tmp_path):
+    """A stand-in `ray start --block` whose child is a stand-in raylet of a node id; the raylet
+    exits 0 after ``life`` seconds (a drained node ending itself) — started and stopped by PID."""
+    procs = []
+
+    def start(life: float):
+        (tmp_path / "raylet").mkdir(exist_ok=True)
+        binary = tmp_path / "raylet" / "raylet"
+        if not binary.exists():
+            binary.symlink_to(sys.executable)
+        node_id = "c0ffee" + os.urandom(8).hex()
+        p = subprocess.Popen([sys.executable, "-c", PARENT, str(binary), str(life), node_id, "start", "--block"])
+        procs.append(p)
+        return p, node_id
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def test_a_drained_node_that_ended_itself_has_its_ray_start_ended_as_the_instance_would_go(ray_start):
+    from chaos.faults.preempt import RAY_START_OF_NODE
+
+    p, node_id = ray_start(life=2.0)
+    fault = Preempt(rank=1, via="drain", deadline_s=8)
+    inj = injection(fault, node_id)
+    found = poll_until(lambda: ((out := inj.host.transport.run(RAY_START_OF_NODE.format(node_id=node_id)).stdout.split())
+                                and int(out[0]), "no raylet yet"), 10, "the stand-in raylet")
+    assert found == p.pid
+    inj.evidence["ray_start_pid"] = found
+    details = fault._kill_at(inj, time.time() + 4)  # the raylet exits 0 at +2 s, before the deadline
+    assert details["at_deadline"] == "the node had shut down already" and details["ray_start"] == "ended", details
+    poll_until(lambda: (p.poll() is not None, "still blocking"), 10, "the stand-in ray start to end")
+
+
+def test_at_the_deadline_a_running_raylet_is_killed_and_its_ray_start_left_to_see_it(ray_start):
+    p, node_id = ray_start(life=600)
+    fault = Preempt(rank=1, via="drain", deadline_s=8)
+    inj = injection(fault, node_id)
+    inj.evidence["ray_start_pid"] = p.pid
+    poll_until(lambda: (fault.revert_plan(inj) and inj.host.transport.run(
+        f"pgrep -f -- '--node_id={node_id}'").ok, "no raylet yet"), 10, "the stand-in raylet")
+    details = fault._kill_at(inj, time.time())
+    assert details["raylet_pid"] and "ray_start" not in details, details
+    assert p.poll() is None, "ray start was ended though its raylet was still there to kill"
