@@ -224,27 +224,29 @@ class Preempt(Fault):
         for something to happen."""
         time.sleep(max(0.0, when - time.time()))
         node, transport = inj.target.node_id, inj.host.transport
-        killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node)), timeout=20)
-        if killed.exit_code == 3:  # the node had ended the drain by itself (it went idle)
+        pid = _kill_raylet(transport, node, "killed at its deadline")
+        if pid is None:  # the node had ended the drain by itself (it went idle)
             # Its raylet exited 0, which `ray start --block` does not count as an exit: it would
             # block on for good and the host's service never restart Ray, where the instance
             # would have gone.  End it, as the instance going away does.
-            pid = inj.evidence.get("ray_start_pid")
-            ended = (transport.run(END_RAY_START.format(pid=int(pid)), timeout=40).stdout.strip() or "?") \
-                if pid else "not known"
+            owner = inj.evidence.get("ray_start_pid")
+            ended = (transport.run(END_RAY_START.format(pid=int(owner)), timeout=40).stdout.strip() or "?") \
+                if owner else "not known"
             return {"raylet_pid": None, "at_deadline": "the node had shut down already", "ray_start": ended}
-        if not killed.ok:
-            raise InjectionError(f"node {node[:8]} could not be killed at its deadline on {transport.host}: "
-                                 f"exit {killed.exit_code}: {killed.stderr.strip()}")
-        return {"raylet_pid": int(killed.stdout.split()[0]), "killed_at_s": round(time.time() - when, 3)}
+        return {"raylet_pid": pid, "killed_at_s": round(time.time() - when, 3)}
+
+
+def _kill_raylet(transport, node_id: str, what: str) -> int | None:
+    """SIGKILL the raylet of node ``node_id``: its PID, or None when it no longer runs."""
+    killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node_id)), timeout=20)
+    if killed.exit_code == 3:
+        return None
+    if not killed.ok:
+        raise InjectionError(f"node {node_id[:8]} could not be {what} on {transport.host}: "
+                             f"exit {killed.exit_code}: {killed.stderr.strip()}")
+    return int(killed.stdout.split()[0])
 
 
 def _end_node(transport, node_id: str) -> bool:
-    """SIGKILL the raylet of node ``node_id`` if it still runs; whether it did."""
-    killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node_id)), timeout=20)
-    if killed.exit_code == 3:  # gone: killed at its deadline, or ended by Ray
-        return False
-    if not killed.ok:
-        raise InjectionError(f"the preempted node {node_id[:8]} could not be ended on {transport.host}: "
-                             f"exit {killed.exit_code}: {killed.stderr.strip()}")
-    return True
+    """End the preempted node if its raylet still runs (revert, sweep); whether it did."""
+    return _kill_raylet(transport, node_id, "ended after its preemption") is not None
