@@ -717,10 +717,18 @@ def _restore_marked(kube, mark: str) -> bool:
 
 
 class HyperPodReboot(_NodeRecovery, Fault):
+    """HyperPod reboots the node under the target's pod (``via``: its node-health label set to
+    ``UnschedulablePendingReboot``, or boto3's ``batch_reboot_cluster_nodes``): every pod on it
+    force-deleted, the node back Ready with a new boot id within ``recover_timeout_s``."""
+
     kind = "hyperpod-reboot"
     action, label_value, boto3_call = "reboot", PENDING_REBOOT, "batch_reboot_cluster_nodes"
 
 
 class HyperPodReplace(_NodeRecovery, Fault):
+    """HyperPod replaces the node under the target's pod (``via``: its node-health label set to
+    ``UnschedulablePendingReplacement``, or boto3's ``batch_replace_cluster_nodes``): every pod on
+    it force-deleted, a new Node object in its place within ``recover_timeout_s``."""
+
     kind = "node-replace"
     action, label_value, boto3_call = "replace", PENDING_REPLACEMENT, "batch_replace_cluster_nodes"

@@ -4,7 +4,7 @@ A profile says how to reach Ray (dashboard, GCS), where checkpoints go, how to r
 host (SSH settings with per-host overrides), which workload to run, the SLO and the retry
 budget each fault kind should consume, and the safety limits.  ``models`` holds the fields
 and their checks, ``loading`` reads YAML into them with ``FILE:LINE: FIELD: PROBLEM``
-errors; docs/profiles.md documents every field.
+errors; docs/reference/profile.md lists every field.
 """
 
 from chaos.profile.loading import dump_profile, embedded_profile, load_profile, parse_profile, profile_from_dict

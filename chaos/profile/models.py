@@ -1,8 +1,9 @@
 """The profile's data model: every field, its default and its check (pydantic).
 
-docs/profiles.md documents every field.  Loading YAML into these models, with every problem
-named as ``FILE:LINE: FIELD: PROBLEM``, is chaos.profile.loading's job; the fault kinds,
-budget classes and default SLOs come from chaos.faults.catalog.
+Each field's docstring is its description in docs/reference/profile.md (chaos.docgen).
+Loading YAML into these models, with every problem named as ``FILE:LINE: FIELD: PROBLEM``,
+is chaos.profile.loading's job; the fault kinds, budget classes and default SLOs come from
+chaos.faults.catalog.
 """
 
 from __future__ import annotations
@@ -127,16 +128,24 @@ Budget = Literal[catalog.BUDGET_CLASSES]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Each field's docstring (the string under it) is its description: docs/reference/profile.md
+    # is generated from them (python -m chaos.docgen), so a new field documents itself there.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 # -- ray, storage, nodes -----------------------------------------------------------------------
 class RaySettings(_Model):
     dashboard_url: DashboardUrl
+    """The Ray dashboard, `http://host:port` (or `https://`): the Jobs API and the state API. No credentials in the
+    URL."""
     gcs_address: GcsAddress
-    #: no longer used: refused with that reason, so a profile written for the harness that was
-    #: a Ray driver does not go on looking meaningful
+    """The head's GCS, `host:port` (what `ray start --address` takes): drains (`preempt`) go there. IPv6 as
+    `'[fd00::1]:6379'` (quoted: `[` starts a YAML list)."""
+    # refused, not dropped, so a profile written for the harness that was a Ray driver does not
+    # go on looking meaningful
     driver_ip: Any = None
+    """No longer used, and refused with that reason: the harness is no Ray driver (it reaches the cluster through
+    the dashboard, the Jobs API and its hosts' transports)."""
 
     @field_validator("driver_ip")
     @classmethod
@@ -153,6 +162,9 @@ class RaySettings(_Model):
 
 class StorageSettings(_Model):
     path: str
+    """Ray Train's `storage_path`: an absolute path, or `s3://bucket/prefix`, `gs://bucket/prefix`. A local path
+    must be one shared filesystem mounted at that path on every node (NFS, FSx, EFS): a node-local directory
+    makes every restart resume from scratch, so the harness warns about it. The harness itself never reads it."""
 
     @field_validator("path")
     @classmethod
@@ -180,19 +192,32 @@ class StorageSettings(_Model):
 
 class NodesSettings(_Model):
     discovery: Literal["ray"] = "ray"
+    """`ray`: the nodes come from Ray's own node table (GCS). The only choice today."""
 
 
 # -- host access ------------------------------------------------------------------------------
 class SSHSettings(_Model):
     user: str = "root"
+    """Login user."""
     port: Port = 22
+    """SSH port."""
     key_file: FilePath | None = None
+    """Path of the private key file (`~` expanded); never the key itself."""
     known_hosts: FilePath = "~/.ssh/known_hosts"
+    """Host keys are verified against this file; an unknown or changed host key is refused."""
     trust_on_first_use: bool = False
+    """`true`: accept an unknown host key and record it in `known_hosts` (a changed key is still refused). Only for
+    freshly built test clusters."""
     jump_host: JumpHost | None = None
+    """A bastion to tunnel through, `[user@]host[:port]` (port 22 by default), reached with the same key or agent
+    and verified against the same `known_hosts`."""
     connect_timeout_s: Seconds = 10.0
+    """Seconds for connecting, retries included."""
     command_timeout_s: Seconds = 60.0
+    """Seconds for one command."""
     use_agent: bool = True
+    """Also offer the keys of the running ssh-agent. With no `key_file` and `use_agent: false` there is no way to
+    log in: an error."""
 
     @model_validator(mode="after")
     def _can_authenticate(self) -> "SSHSettings":
@@ -217,22 +242,35 @@ class SSHOverride(_Model):
     """Like SSHSettings, every field optional: only what is given replaces the default."""
 
     user: str | None = None
+    """Replaces `hosts.defaults.ssh.user` for the matched hosts."""
     port: Port | None = None
+    """Replaces `hosts.defaults.ssh.port` for the matched hosts."""
     key_file: FilePath | None = None
+    """Replaces `hosts.defaults.ssh.key_file` for the matched hosts."""
     known_hosts: FilePath | None = None
+    """Replaces `hosts.defaults.ssh.known_hosts` for the matched hosts."""
     trust_on_first_use: bool | None = None
+    """Replaces `hosts.defaults.ssh.trust_on_first_use` for the matched hosts."""
     jump_host: JumpHost | None = None
+    """Replaces `hosts.defaults.ssh.jump_host` for the matched hosts."""
     connect_timeout_s: Seconds | None = None
+    """Replaces `hosts.defaults.ssh.connect_timeout_s` for the matched hosts."""
     command_timeout_s: Seconds | None = None
+    """Replaces `hosts.defaults.ssh.command_timeout_s` for the matched hosts."""
     use_agent: bool | None = None
+    """Replaces `hosts.defaults.ssh.use_agent` for the matched hosts."""
 
 
 class Selector(_Model):
     """Exactly one of: address (exact IP or CIDR), hostname (glob), label ("key=value")."""
 
     address: str | None = None
+    """The node's IP, exact (`10.0.0.5`, `fd00::5`) or a CIDR range (`10.0.0.0/24`, host bits zero)."""
     hostname: str | None = None
+    """A case-insensitive glob on the host name (`gpu-a100-*`); a node with no known hostname never matches."""
     label: str | None = None
+    """`key=value` on the node's labels, e.g. `pool=spot`: its Ray labels (`ray start --labels`), and on Kubernetes
+    its pod's and its Kubernetes node's labels."""
 
     @field_validator("address")
     @classmethod
@@ -296,22 +334,34 @@ class Selector(_Model):
 
 class HostAccess(_Model):
     transport: Transport = "ssh"
+    """`ssh` (paramiko), `local` (this machine: the embedded cluster; it refuses detached commands, so a reboot
+    never hits the harness's machine) or `k8s` (exec into the Ray pods through the Kubernetes API; needs
+    `kubernetes:`)."""
     ssh: SSHSettings = Field(default_factory=SSHSettings)
-    #: the host's network namespace on the harness machine: an out-of-band console for healing
-    #: a partition (embedded test hosts only; real hosts have none)
+    """How to log in over SSH."""
     netns: str | None = None
+    """The host's network namespace on the harness's machine: an out-of-band console through which a partition is
+    healed. Only embedded test hosts have one (`python -m chaos.embedded up --profile-out` fills it in); without
+    it a partition is cut over the host's transport with iptables, SSH kept."""
 
 
 class HostOverride(_Model):
     match: Selector
+    """Which hosts this override applies to: a selector (exactly one of `address`, `hostname`, `label`)."""
     transport: Transport | None = None
+    """Transport for the matched hosts (unset: `hosts.defaults.transport`)."""
     ssh: SSHOverride = Field(default_factory=SSHOverride)
+    """SSH fields that replace `hosts.defaults.ssh`'s for the matched hosts: only those given (`null` clears one,
+    e.g. `jump_host: null`)."""
     netns: str | None = None
+    """As `hosts.defaults.netns`, for the matched hosts."""
 
 
 class HostsSettings(_Model):
     defaults: HostAccess = Field(default_factory=HostAccess)
+    """Applies to every host."""
     overrides: list[HostOverride] = Field(default_factory=list)
+    """Exceptions: the first override whose `match` selects a host is merged over the defaults."""
 
 
 # -- kubernetes ------------------------------------------------------------------------------
@@ -324,9 +374,11 @@ class HyperPodSettings(_Model):
     (environment, ~/.aws, instance role), never credentials in the profile."""
 
     cluster_name: str
+    """The HyperPod cluster's name, or its ARN."""
     region: str
-    #: another SageMaker endpoint (a VPC endpoint, or the emulated one on loopback)
+    """The cluster's AWS region, e.g. `us-west-2`."""
     endpoint_url: str | None = None
+    """Another SageMaker endpoint than AWS's (a VPC endpoint, or the emulated one on loopback)."""
 
     @field_validator("cluster_name")
     @classmethod
@@ -367,9 +419,13 @@ class NodeAgentSettings(_Model):
 
     conditions: list[str] = Field(default_factory=lambda: [hyperpod.NVIDIA_ERROR_REBOOT,
                                                            hyperpod.NVIDIA_ERROR_REPLACE])
+    """Node condition types (status `True`) the agent sets on a faulty node."""
     label: str | None = hyperpod.HEALTH_LABEL
+    """A label the agent sets on a faulty node; `null` for an agent without one."""
     label_values: list[str] = Field(default_factory=lambda: [hyperpod.PENDING_REBOOT, hyperpod.PENDING_REPLACEMENT])
+    """The label's values that mean "recover this node"."""
     taints: list[str] = Field(default_factory=list)
+    """Taint keys the agent sets on a faulty node (NVSentinel marks bad nodes with taints)."""
 
     @model_validator(mode="after")
     def _something(self) -> "NodeAgentSettings":
@@ -384,15 +440,27 @@ class KubernetesSettings(_Model):
     its contexts), or the pod's own service account when the harness runs in the cluster."""
 
     namespace: str = "default"
+    """The RayCluster's namespace; pods outside it are never touched."""
     ray_cluster: str
-    kubeconfig: FilePath | None = None  # default: $KUBECONFIG, else ~/.kube/config
-    context: str | None = None  # default: the kubeconfig's current-context
-    in_cluster: bool = False  # the service account of the pod the harness runs in
-    request_timeout_s: Seconds = 30.0  # every API request, and reaching the server at the start
+    """The RayCluster's `metadata.name` (KubeRay's label `ray.io/cluster`); only its pods are targeted."""
+    kubeconfig: FilePath | None = None
+    """Path of the kubeconfig (unset: `$KUBECONFIG`, else `~/.kube/config`). Its credentials stay in it."""
+    context: str | None = None
+    """A context of the kubeconfig (unset: its current-context)."""
+    in_cluster: bool = False
+    """`true`: the service account of the pod the harness runs in (a Job in the cluster), instead of a kubeconfig."""
+    request_timeout_s: Seconds = 30.0
+    """Seconds for every API request, and for reaching the API server at the start."""
     hyperpod: HyperPodSettings | None = None
+    """The SageMaker HyperPod cluster whose nodes run the RayCluster: `hyperpod-reboot` and `node-replace` through
+    boto3 go to its SageMaker API."""
     node_agent: NodeAgentSettings = Field(default_factory=NodeAgentSettings)
-    #: the image of the one-shot privileged pod that writes a node's kernel log (xid)
+    """What the cluster's node health agent sets on a node it found faulty: what the `xid` fault waits for (the
+    *node-agent* verdict)."""
     node_shell_image: str = "busybox:1.36"
+    """Image of the one-shot privileged pod (hostPID, the node's `/dev/kmsg`) that writes an `xid` fault's line to a
+    node's kernel log. Creating it needs RBAC and Pod Security admission for privileged pods in `namespace`;
+    without them the fault is refused with the server's reason."""
 
     @field_validator("namespace")
     @classmethod
@@ -428,12 +496,19 @@ class KubernetesSettings(_Model):
 # -- workload -------------------------------------------------------------------------------
 class ReferenceWorkload(_Model):
     steps: int = Field(30, ge=1)
+    """Training steps."""
     checkpoint_every: int = Field(5, ge=1)
+    """A checkpoint every N steps (at most `steps`)."""
     step_time: float = Field(0.3, ge=0)
+    """Seconds per step."""
     num_workers: int = Field(2, ge=1)
+    """Ray Train workers (ranks)."""
     max_failures: int = Field(3, ge=-1)
+    """`FailureConfig(max_failures)`; -1: unlimited."""
     max_preemption_failures: int = Field(-1, ge=-1)
+    """`FailureConfig(max_preemption_failures)`; -1: unlimited."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """`cpu` or `cuda`."""
 
     @model_validator(mode="after")
     def _checkpoints(self) -> "ReferenceWorkload":
@@ -445,12 +520,24 @@ class ReferenceWorkload(_Model):
 
 class WorkloadSettings(_Model):
     reference: ReferenceWorkload | None = None
+    """The harness's reference Ray Train workload, with these settings. Exactly one of `reference` and `entrypoint`."""
     entrypoint: str | None = None
+    """The command that starts your training (e.g. `python train.py --epochs 3`), run unchanged as a Ray job on the
+    head node: `python` is the first on the PATH of the head's `ray start`, so start the head from the
+    environment that has Ray and your packages, or name the interpreter (`/opt/venv/bin/python train.py`)."""
     working_dir: str | None = None
+    """Directory shipped with the job as its `working_dir` (unset: the current directory)."""
     runtime_env: dict[str, Any] = Field(default_factory=dict)
-    step_metric: str = "auto"  # or comma-separated names, tried in order (chaos.train.recorder)
-    state_metric: str | None = "auto"  # a value a correct restore reproduces at a re-done step (auto: the loss)
-    deterministic: bool = False  # the same state at the same step gives the same metrics
+    """Extra Ray runtime_env fields (pip, env_vars, ...); `env_vars` values must be strings, and no secrets."""
+    step_metric: str = "auto"
+    """The reported metric that counts training steps, or a comma-separated list tried in order; `auto` tries `step`
+    (what Ray's Hugging Face and Lightning callbacks report), `global_step`, `training_iteration`, `iteration`."""
+    state_metric: str | None = "auto"
+    """A metric a correct restore reproduces at a re-done step; `auto` takes the training loss (`loss`,
+    `train_loss`, `training_loss`) when the script reports one."""
+    deterministic: bool = False
+    """The script gives the same metrics from the same state at the same step: a state value that does not reproduce
+    then fails (*state not restored*); without it that is a warning (*state differs*)."""
 
     @field_validator("entrypoint")
     @classmethod
@@ -494,13 +581,23 @@ class WorkloadSettings(_Model):
 # -- faults ---------------------------------------------------------------------------------
 class FaultDefaults(_Model):
     slo_detect_s: Seconds = catalog.DEFAULT_SLO_DETECT_S
+    """SLO for every kind without its own: seconds from the injection until the fault is detected (Ray marks the
+    node dead, or Train sees the rank fail). Unset: each kind's own in the catalog."""
     slo_recover_s: Seconds = catalog.DEFAULT_SLO_RECOVER_S
+    """SLO for every kind without its own: seconds from the injection until the first report of the next attempt.
+    Unset: each kind's own in the catalog."""
 
 
 class FaultSLO(_Model):
     slo_detect_s: Seconds | None = None
+    """This kind's detection SLO (unset: `faults.defaults.slo_detect_s`, else the catalog's)."""
     slo_recover_s: Seconds | None = None
+    """This kind's recovery SLO, at least its `slo_detect_s` (unset: `faults.defaults.slo_recover_s`, else the
+    catalog's)."""
     expected_budget: Budget | None = None
+    """The budget class this kind's failures must be charged to: `worker_group` (`max_failures`), `preemption`
+    (`max_preemption_failures`) or `controller` (`controller_failure_limit`). Unset: the catalog's. Another class
+    is a finding."""
 
     @model_validator(mode="after")
     def _order(self) -> "FaultSLO":
@@ -516,6 +613,7 @@ def _attr(kind: str) -> str:
 
 class _FaultsBase(_Model):
     defaults: FaultDefaults = Field(default_factory=FaultDefaults)
+    """SLOs for every kind without an entry of its own."""
 
     def get(self, kind: str) -> FaultSLO | None:
         """The profile's own entry for ``kind`` (None when it has none)."""
@@ -527,33 +625,52 @@ class _FaultsBase(_Model):
 # One optional entry per kind in the catalog, keyed by the kind's name (``raylet-kill:``), so a
 # new kind is configurable the moment the catalog names it.
 FaultsSettings = create_model("FaultsSettings", __base__=_FaultsBase, __module__=__name__, **{
-    _attr(kind): (FaultSLO | None, Field(None, alias=kind)) for kind in catalog.KINDS})
+    _attr(kind): (FaultSLO | None, Field(None, alias=kind, description=f"Overrides for `{kind}` faults."))
+    for kind in catalog.KINDS})
 
 
 # -- safety ---------------------------------------------------------------------------------
 class SafetySettings(_Model):
     allow_head: bool = False
+    """`true`: the head node may be targeted (whatever the allowlist says); otherwise never."""
     allowlist: list[Selector] = Field(default_factory=list)
+    """Selectors of the worker nodes that may be targeted; empty: none is."""
     allow_all_workers: bool = False
-    #: faults whose remediation replaces a node (its volumes destroyed), e.g. Xid 79
+    """`true`: every worker node is targetable, allowlist or not."""
     allow_node_replacement: bool = False
+    """Faults whose remediation replaces a node, destroying its volumes (an `xid` the agent answers with a
+    replacement, e.g. Xid 79), are refused unless this is `true`."""
     max_live_faults: int = Field(1, ge=1)
+    """At most this many faults live (injected and not yet reverted) at once."""
     min_alive_nodes: int = Field(1, ge=0)
+    """The session aborts (its tests marked aborted, not failed; no more faults) when fewer worker nodes than this
+    are alive for longer than `unhealthy_for_s`. Not being able to ask Ray counts as not alive."""
     unhealthy_for_s: float = Field(60.0, ge=0)
+    """How long fewer than `min_alive_nodes` workers may be alive before the session aborts."""
 
 
 # -- the profile ------------------------------------------------------------------------------
 class Profile(_Model):
     name: str
+    """The cluster's name, used in report titles and file names: 1-63 letters, digits, `.`, `_`, `-`."""
     protected: bool = False
+    """`true`: the harness refuses to inject any fault into this cluster. Keep production profiles protected."""
     ray: RaySettings
+    """How to reach Ray."""
     storage: StorageSettings
+    """Where runs store their checkpoints."""
     nodes: NodesSettings = Field(default_factory=NodesSettings)
+    """Where the node list comes from."""
     hosts: HostsSettings = Field(default_factory=HostsSettings)
+    """How to reach the machine each Ray node runs on."""
     kubernetes: KubernetesSettings | None = None
+    """The KubeRay RayCluster and how to reach its API server; needed when any host uses the `k8s` transport."""
     workload: WorkloadSettings = Field(default_factory=lambda: WorkloadSettings(reference=ReferenceWorkload()))
+    """What to train under chaos: the reference workload (the default), or your own script."""
     faults: FaultsSettings = Field(default_factory=FaultsSettings)
+    """SLOs and the expected budget class, per fault kind."""
     safety: SafetySettings = Field(default_factory=SafetySettings)
+    """What may be targeted, how many faults at once, when to give up. The defaults refuse every target."""
 
     _source: str | None = PrivateAttr(default=None)
 

@@ -68,6 +68,8 @@ LAYERS: dict[str, int] = {
     # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin.
     "chaos.experiment": 7, "chaos.baseline": 7, "chaos.allure_site": 7, "chaos.cli": 7,
     "chaos.pytest_plugin": 7,
+    # 8 the reference pages, generated from every layer below (the plugin's options among them).
+    "chaos.docgen": 8,
 }
 
 # package -> the only packages whose modules may import it.

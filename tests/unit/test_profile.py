@@ -11,7 +11,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from chaos.errors import ProfileError
-from chaos.faults import catalog, registry
+from chaos.faults import catalog
 from chaos.profile import (Profile, ProfileInvalid, dump_profile, embedded_profile, is_secret_name, load_profile,
                            parse_profile, profile_from_dict)
 
@@ -663,25 +663,3 @@ def test_hyperpod_needs_cluster_and_region_and_accepts_an_arn(tmp_path):
     arn = "arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdef123456"
     p = load_profile(write(tmp_path, text + f"    cluster_name: {arn}\n    endpoint_url: http://127.0.0.1:9000/\n"))
     assert (p.kubernetes.hyperpod.cluster_name, p.kubernetes.hyperpod.endpoint_url) == (arn, "http://127.0.0.1:9000")
-
-
-def test_the_profiles_docs_list_every_catalog_kind_with_its_budget_fault_capability_and_draw():
-    """docs/profiles.md's table of `faults` kinds is the catalog's, row for row: a new kind,
-    another expected budget, a fault class moved, another capability or campaign draw cannot
-    leave the docs behind."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "profiles.md").read_text()
-    section = doc[doc.index("### `faults`"):doc.index("### `safety`")]
-    rows = {m[1]: m.groups()[1:] for m in re.finditer(r"^\| `([a-z-]+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
-                                                      section, re.M)}
-    assert list(rows) == list(catalog.KINDS), "docs/profiles.md's kinds are not the catalog's (in its order)"
-    for name, k in catalog.KINDS.items():
-        budget, impl, needs, drawn = rows[name]
-        assert budget.startswith(f"`{k.budget_class}`" if k.budget_class else "none"), (name, budget)
-        cls = registry.implementations().get(name)
-        assert impl == f"`{cls.__module__}.{cls.__qualname__}`" if cls else "planned" in impl, (name, impl)
-        assert needs == (f"`{k.needs}`" if k.needs else "hosts only"), (name, needs)
-        if k.draw is None:
-            assert drawn == f"never: `{k.not_drawn}`", (name, drawn)
-        else:
-            assert drawn.startswith("drawn") and all(f"`{p}` from {', '.join(map(str, v))}" in drawn
-                                                     for p, v in k.draw.params.items()), (name, drawn)
