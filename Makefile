@@ -11,7 +11,7 @@ ALLURE := reports/allure-results
 
 setup: $(VENV)/.installed node_modules/.installed .system-packages
 
-# constraints.txt pins the default Ray inside pyproject.toml's supported range (README, "Ray versions").
+# constraints.txt pins the default Ray inside pyproject.toml's supported range (docs/ray-versions.md).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -93,7 +93,7 @@ integration-suites: setup
 report: setup
 	$(PY) -m chaos.allure_site
 
-# The upgrade canary (README, "Upgrade canary"; scripts/canary.sh): make canary RAY=2.59.0 runs
+# The upgrade canary (docs/ray-versions.md; scripts/canary.sh): make canary RAY=2.59.0 runs
 # SUITES with -m chaos on the default Ray (.venv; its session is reused while suites, Ray and
 # harness are unchanged, FRESH=1 reruns it) and on RAY (.venv-canary/RAY, built once per
 # version), then writes the behaviour-difference table to stdout and

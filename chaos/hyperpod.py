@@ -7,7 +7,8 @@ imports the emulator for a constant.
 
 from __future__ import annotations
 
-# AWS doc "Resilience-related Kubernetes labels" (notes/kubernetes.md §5).
+# AWS doc "Resilience-related Kubernetes labels":
+# https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-eks-resiliency-node-labels.html
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 SCHEDULABLE = "Schedulable"
 PENDING_REBOOT = "UnschedulablePendingReboot"

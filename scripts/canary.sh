@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The upgrade canary (README, "Upgrade canary"), in two steps around the venv builds; make canary
+# The upgrade canary (docs/ray-versions.md), in two steps around the venv builds; make canary
 # RAY=<version> [SUITES=...] [ARGS=...] [FRESH=1] runs them:
 #   scripts/canary.sh check VERSION
 #       refuse a Ray outside the supported range (chaos.ray_support's message), or the default

@@ -6,7 +6,7 @@ real test hosts), which the session starts for the ``kubernetes`` marker; with a
 on its cluster when it has a ``kubernetes`` section, else the fault factories skip saying why.  Every suite asserts the verdicts and attaches
 the Kubernetes evidence (pods before/after, node, boot ids) the fault recorded.
 
-Budgets, measured on Ray 2.60 (README, "Which budget a fault costs"): a hard pod delete,
+Budgets, measured on Ray 2.60 (docs/verdicts.md, "Which budget a fault costs"): a hard pod delete,
 a raylet kill and a HyperPod reboot/replace kill the node at once → ``max_failures``.  A
 graceful delete or eviction SIGTERMs ``ray start --block`` (Ray drains the node as a
 preemption), then the kubelet SIGKILLs it when the pod's grace ends: the embedded pods'

@@ -25,8 +25,8 @@ from chaos.triggers import AfterCheckpoint
 
 pytestmark = [pytest.mark.chaos, pytest.mark.kubernetes]
 
-# What Ray 2.60 charged for an xid in the runs of these suites measured so far (README, "Which
-# budget a fault costs"): the rank's failure, and in one of 11 runs also a worker-group start
+# What Ray 2.60 charged for an xid in the runs of these suites measured so far (docs/verdicts.md,
+# "Which budget a fault costs"): the rank's failure, and in one of 11 runs also a worker-group start
 # that timed out while the node's new Ray pod came up (controller_failure_limit).
 MEASURED_CHARGES = [{"worker_group": 1}, {"worker_group": 1, "controller": 1}]
 

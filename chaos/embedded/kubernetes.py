@@ -72,7 +72,7 @@ class KubeClusterConfig:
     #: terminationGracePeriodSeconds.  The grace ends inside the window on purpose: the
     #: kubelet's SIGKILL then always comes first, which Ray 2.60 charges deterministically
     #: (max_failures); with the window ending first (KubeRay's advice: drain just under the
-    #: grace) the charge is a race inside Ray (README, "Which budget a fault costs").
+    #: grace) the charge is a race inside Ray (docs/verdicts.md, "Which budget a fault costs").
     drain_window_s: float = 10.0
     grace_period_s: int = 8
     boot_delay_s: float = 1.0

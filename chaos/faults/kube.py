@@ -16,7 +16,7 @@ rank (live placement → ``backend.pod_of`` → pod → its Kubernetes node):
 Budgets, as ``preempt via=sigterm`` does it: the graceful kinds expect the preemption
 budget and are refused on a Ray that would charge ``max_failures`` (< 2.58) or that does
 not drain on SIGTERM (window ≤ 0); the ``preemption_notice`` deadline is the earlier of
-the pod's grace and Ray's window.  Measured on Ray 2.60 (README table): a SIGKILL inside
+the pod's grace and Ray's window.  Measured on Ray 2.60 (docs/verdicts.md): a SIGKILL inside
 Ray's window is charged to ``max_failures`` — the harness reports that as a wrong budget
 class, and the evidence says whether the grace ended inside the window.
 
@@ -138,7 +138,7 @@ def _preemption(ctx: FaultContext, inj: Injection, pod_obj: client.V1Pod, grace_
     grace = grace_s if grace_s is not None else (own if own is not None else DEFAULT_GRACE_S)
     emit_notice(ctx, inj, t, min(float(grace), window_s), via)
     facts = {"grace_s": grace, "window_s": window_s, "window_from": source,
-             # Ray 2.60 charges a SIGKILL inside its drain window to max_failures (README table)
+             # Ray 2.60 charges a SIGKILL inside its drain window to max_failures (docs/verdicts.md)
              "sigkill_inside_window": grace < window_s}
     inj.evidence.update(facts)
     return facts
@@ -586,7 +586,7 @@ class _NodeRecovery:
             raise ValueError(f"{self.kind} recover_timeout_s must be > 0, got {recover_timeout_s}")
         self.rank = rank
         self.via = via
-        self.recover_timeout_s = recover_timeout_s  # "a few minutes" on HyperPod (notes/kubernetes.md §5)
+        self.recover_timeout_s = recover_timeout_s  # AWS says "a few minutes"; no measured figures published
 
     def describe(self) -> str:
         how = f"label {HEALTH_LABEL}={self.label_value}" if self.via == "label" else f"boto3 {self.boto3_call}"

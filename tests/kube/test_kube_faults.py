@@ -186,7 +186,7 @@ def test_graceful_delete_with_a_shorter_grace_is_killed_inside_the_window(server
     details = fault.inject(ctx, inj)
     assert deletions(server, "w1")[0] == ("MODIFIED", 4)
     assert (details["window_s"], details["window_from"]) == (30.0, "Ray's default (not set in the pod spec)")
-    assert details["sigkill_inside_window"] is True, "Ray 2.60 charges this to max_failures (README table)"
+    assert details["sigkill_inside_window"] is True, "Ray 2.60 charges this to max_failures (docs/verdicts.md)"
     assert ctx.timeline.of("preemption_notice")[0].data["window_s"] == 4.0
     wait_for(server, lambda: pod_gone(server, "w1"), "the pod gone once its process ended")
 

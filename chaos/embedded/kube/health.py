@@ -2,7 +2,7 @@
 
 SageMaker HyperPod's health-monitoring agent (HMA) watches, among other things, the Xid lines
 the NVIDIA driver writes to a node's kernel log, and reboots or replaces the node through its
-labels (notes/hyperpod-k8s.md).  ``HealthMonitor`` reproduces the kernel-log part: it follows
+labels (AWS's HyperPod resiliency docs).  ``HealthMonitor`` reproduces the kernel-log part: it follows
 every worker node's log the way ``tail -F`` does and hands each Xid line to the agent, which
 sets the node condition and labels (chaos/embedded/kube/hyperpod.py).
 
@@ -10,8 +10,8 @@ Which Xid the real HMA answers with a reboot and which with a replacement is **n
 ``DEFAULT_XID_ACTIONS`` is this emulator's choice, informed by NVIDIA's Xid catalog
 (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html: its resolution buckets
 say whether a GPU reset — on a node, a reboot — is the remedy or whether support/RMA is next)
-and by other agents' public tables (notes/hyperpod-k8s.md: Crusoe counts 32/48/64/74/79/95 as
-unhealthy):
+and by other agents' public tables (Crusoe's counts 32/48/64/74/79/95 as unhealthy,
+119/120/140/143 as degraded):
 
 * 48 double-bit ECC error, 63 row-remapping event, 64 row-remapping failure, 94 contained ECC
   error, 74 NVLink error, 119/120 GSP RPC timeout / GSP error: taken as cleared by a reset ->

@@ -4,7 +4,8 @@ SageMaker HyperPod on EKS recovers a faulty node when its label
 ``sagemaker.amazonaws.com/node-health-status`` becomes ``UnschedulablePendingReboot`` or
 ``UnschedulablePendingReplacement`` — whether its health agent set it, an operator ran
 ``kubectl label node ... --overwrite``, or ``BatchReboot/ReplaceClusterNodes`` was called
-("both methods activate the same recovery processes"; notes/kubernetes.md §5).  This agent
+("both methods activate the same recovery processes": AWS's resiliency-manual page,
+https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-eks-resiliency-manual.html).  This agent
 does the same against any API server, through the official ``kubernetes`` client only:
 
 * It watches nodes (list, then watch from the list's resourceVersion with bookmarks; a
@@ -30,7 +31,7 @@ reboot is an OS shutdown, which may SIGTERM the containers before the power goes
 may well be real on HyperPod.  Every step is recorded with its time (``history(node)``).
 Kubernetes Events are not emitted: the emulated API server does not store ``events``.
 
-Health monitoring, like HyperPod's health-monitoring agent (HMA; notes/hyperpod-k8s.md), is what
+Health monitoring, like HyperPod's health-monitoring agent (HMA), is what
 sets that label without an operator: a ``HealthMonitor`` (health.py) follows every worker node's
 kernel log (``Hosts.kernel_log``) and, on an Xid line its table maps, the agent sets a node
 condition and then the labels; its own label watch then recovers the node.  Emulated from AWS's

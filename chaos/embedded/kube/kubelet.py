@@ -23,7 +23,7 @@ test host of its own).  What a real kubelet does and this one does too:
 Restarts are not emulated: every pod has ``restartPolicy: Never`` semantics, as KubeRay's Ray
 pods have with autoscaler v2 (``pod.go`` sets ``RestartPolicyNever``) — with ``Always`` a real
 kubelet would restart the container in place.  KubeRay deletes a finished Ray pod and creates a
-new one (``shouldDeletePod``, notes/kubernetes.md §3), which is what the KubeRay-like reconciler
+new one (``shouldDeletePod`` in KubeRay v1.7.0's raycluster_controller.go), which is what the KubeRay-like reconciler
 does.  Only the first container runs (no sidecars, init containers or images: the command runs
 on the machine's own filesystem).
 
