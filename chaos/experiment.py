@@ -248,6 +248,7 @@ class Experiment:
                     raise Finding(did_not_end(self.timeline.events, env.timeouts.finish_s, exit_s,
                                               run.status())) from err
             self.timeline.guard = None
+            self._collect_storage()
             with r.step("verify: verdicts from the timeline"):
                 verdicts.extend(verdicts_for(self.timeline, self.expect))
                 for v in verdicts:
@@ -269,6 +270,7 @@ class Experiment:
             self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
             self._cleanup("stop the run", lambda: run.stop(wait=not interrupted))
             if stopped:
+                self._collect_storage()
                 with r.step("verify: verdicts from what the run did before it stopped"):
                     verdicts.extend(verdicts_for(self.timeline, self.expect, finished=False))
                     if finding is not None:
@@ -530,6 +532,19 @@ class Experiment:
             self.env.backend.live_faults.release(inj.slot)
         if not final:
             self._armed.extend(failed)
+
+    def _collect_storage(self) -> None:
+        """The fault proxy's record of the run's S3 requests, as storage events (chaos.storage.events)."""
+        from chaos.storage import events
+
+        try:
+            added = events.collect(self.env.backend, self.timeline)
+        except Exception as e:  # evidence missing is the verdicts' to say, never a broken session
+            log.warning("could not collect the storage proxy's requests: %s", e)
+            self.reporter.say(f"storage: could not read the fault proxy's requests: {e}")
+            return
+        if added:
+            self.reporter.say(f"storage: {added} S3 requests of the run, as the fault proxy saw them")
 
     def _cleanup(self, what: str, step) -> None:
         try:

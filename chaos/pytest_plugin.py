@@ -509,8 +509,24 @@ class Chaos:
     def user_workload(self) -> bool:
         return self._opt("chaos_workload") is not None
 
-    def workload(self, **params) -> RunSpec:
-        """The reference workload with ``params`` — or the user's own script if given."""
+    def workload(self, storage: str = "default", **params) -> RunSpec:
+        """The reference workload with ``params`` — or the user's own script if given.
+        ``storage="s3"``: checkpoints on the backend's S3 storage (the profile's, or the
+        embedded cluster's own moto server behind the fault proxy), which a backend without one
+        skips; every run on S3 storage gets its endpoint and credentials in its environment."""
+        if storage not in ("default", "s3"):
+            raise ValueError(f"storage={storage!r}: 'default' (the backend's) or 's3'")
+        backend = self.env.backend
+        store = backend.object_storage if storage == "s3" or backend.storage_path.startswith("s3://") else None
+        if storage == "s3" and store is None:
+            pytest.skip(f"needs S3 storage: this session's backend ({backend.label}) checkpoints to "
+                        f"{backend.storage_path} (a profile's storage.path: s3://bucket/prefix)")
+        spec = self._workload(store.path if storage == "s3" else backend.storage_path, **params)
+        if store is not None:
+            spec.env_vars = {**store.job_env(), **spec.env_vars}
+        return spec
+
+    def _workload(self, storage_path: str, **params) -> RunSpec:
         # Unique per call: Train resumes from any checkpoint already under storage/name.
         name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_") + "-" + uuid.uuid4().hex[:6]
         if self.user_workload:
@@ -522,7 +538,7 @@ class Chaos:
             return profile_workload_spec(profile.workload, name)
         params.setdefault("seed", self._opt("chaos_seed"))
         params.setdefault("python", self.env.backend.python)
-        return reference_spec(name, self.env.backend.storage_path, **params)
+        return reference_spec(name, storage_path, **params)
 
     def fault(self, kind: str, **params):
         """A fault of catalog kind ``kind`` with ``params`` (``rank=``, ...), built by its class's

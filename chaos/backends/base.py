@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from chaos.embedded.kubernetes import EmbeddedKubernetes
     from chaos.embedded.netns import Console
     from chaos.profile import Profile
+    from chaos.storage.access import ObjectStorage
+    from chaos.storage.proxy import ProxyAdmin
     from chaos.transport.kube_access import KubeAccess
 
 log = logging.getLogger(__name__)
@@ -151,7 +153,27 @@ class Backend(abc.ABC):
     @property
     @abc.abstractmethod
     def storage_path(self) -> str:
-        """Where runs keep checkpoints: seen alike by every node and this machine."""
+        """Where runs keep checkpoints: seen alike by every node (a shared filesystem, or S3)."""
+
+    # The storage capabilities (chaos.faults.catalog.CAPABILITIES): properties, since the
+    # embedded cluster starts its S3 server only when a run or a fault first asks for it.
+    @property
+    def object_storage(self) -> "ObjectStorage | None":
+        """The S3 storage runs may checkpoint to (None: none): the profile's, when its
+        storage path is an s3:// URI."""
+        from chaos.storage.access import ObjectStorage
+
+        storage = self.profile.storage if self.profile is not None else None
+        return ObjectStorage(storage) if storage is not None and storage.path.startswith("s3://") else None
+
+    @property
+    def storage_proxy(self) -> "ProxyAdmin | None":
+        """The admin API of the fault proxy the S3 endpoint is reached through (None: none)."""
+        from chaos.storage.proxy import ProxyAdmin
+
+        store = self.object_storage
+        proxy = store.s3.fault_proxy if store is not None else None
+        return ProxyAdmin(proxy.admin_url) if proxy is not None else None
 
     @abc.abstractmethod
     def _open(self) -> ClusterView:

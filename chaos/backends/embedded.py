@@ -24,6 +24,7 @@ from chaos.waits import poll_until
 
 if TYPE_CHECKING:
     from chaos.embedded.cluster import EmbeddedCluster, EmbeddedConfig, WorkerHost
+    from chaos.storage.access import ObjectStorage
 
 
 class EmbeddedBackend(Backend):
@@ -50,6 +51,7 @@ class EmbeddedBackend(Backend):
         super().__init__(profile, safety=SafetySettings(allow_all_workers=True, allow_head=head_faults,
                                                         max_live_faults=self.config.workers))
         self._storage_path = storage_path
+        self._local_storage = None  # chaos.storage.local.LocalStorage, once asked for
 
     @property
     def label(self) -> str:
@@ -58,6 +60,23 @@ class EmbeddedBackend(Backend):
     @property
     def storage_path(self) -> str:
         return self._storage_path
+
+    @property
+    def object_storage(self) -> "ObjectStorage | None":
+        """The cluster's own S3 storage: moto's server behind the fault proxy, started the
+        first time a run or a fault asks for it, on the address the nodes reach this machine at
+        (the head's loopback address, or the test-host bridge's)."""
+        if self._local_storage is None and self.embedded is not None:
+            from chaos.embedded.cluster import free_port
+            from chaos.storage.local import LocalStorage
+
+            cluster = self.embedded
+            host = cluster.network.head_address if cluster.network is not None else cluster.head_ip
+            self._local_storage = LocalStorage(host, cluster.base_dir / "s3",
+                                               lambda: free_port(cluster.config.ports())).start()
+            self.reporter.say(f"S3 storage up: moto_server {self._local_storage.server.url} behind the fault proxy "
+                              f"{self._local_storage.endpoint_url} (admin {self._local_storage.admin_url})")
+        return self._local_storage.object_storage() if self._local_storage is not None else None
 
     def _open(self) -> ClusterView:
         from chaos.embedded.cluster import EmbeddedCluster
@@ -72,6 +91,9 @@ class EmbeddedBackend(Backend):
 
     def _close(self) -> None:
         self.head = None
+        if self._local_storage is not None:
+            self._local_storage.stop()
+            self._local_storage = None
         if self.embedded is not None:
             self.embedded.down()
             self.embedded = None

@@ -43,6 +43,7 @@ class Injection:
     slot: int | None = None  # its live-fault slot
     t: float | None = None  # when it was injected (the fault_injected event)
     evidence: dict = dataclasses.field(default_factory=dict)  # for the report: boot ids, node ids, the plan
+    handles: dict = dataclasses.field(default_factory=dict)  # live objects of this injection (timers), never reported
 
 
 @dataclasses.dataclass

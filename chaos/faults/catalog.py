@@ -29,6 +29,10 @@ DEFAULT_SLO_RECOVER_S = 120.0
 CAPABILITIES: dict[str, str] = {
     "kube": "the Kubernetes API of the cluster's platform",
     "head": "control of the cluster's head: its GCS, its machine and its Redis (the harness's own cluster)",
+    "object_storage": "S3 storage for checkpoints (a profile's s3:// storage.path with its storage.s3 settings; the "
+                      "embedded cluster runs its own moto server)",
+    "storage_proxy": "the storage fault proxy the S3 endpoint is reached through (storage.s3.fault_proxy; the "
+                     "embedded cluster runs its own)",
 }
 
 # Why a kind is never drawn into a seeded campaign (chaos.campaign): a closed list, so that a
@@ -40,6 +44,8 @@ NOT_DRAWN: dict[str, str] = {
                       "charges a node killed inside it to max_failures (README)",
     "loses-the-run": "it takes the run's driver or the whole cluster with it: a campaign follows one run to its end",
     "planned": "nothing injects it yet",
+    "needs-s3-run": "it needs the run's checkpoints on S3 storage (chaos.workload(storage='s3')), which a campaign's "
+                    "run does not use",
 }
 
 
@@ -118,6 +124,13 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("gcs-kill", None, needs="head", not_drawn="loses-the-run"),
     FaultKind("head-reboot", None, needs="head", not_drawn="loses-the-run"),
     FaultKind("redis-restart", None, needs="head", not_drawn="loses-the-run"),
+    # Storage (chaos/faults/storage.py): a window on the S3 endpoint.  An upload (or a restore)
+    # that the S3 client's and Ray's own retries do not absorb fails its rank: a worker-group
+    # failure.  Whether one happens depends on the window, so suites assert the charges measured
+    # on Ray 2.60 (README, "Which budget a fault costs"); a window the retries absorb costs nothing.
+    FaultKind("storage-partition", "worker_group", needs="object_storage", not_drawn="needs-s3-run"),
+    FaultKind("storage-errors", "worker_group", needs="storage_proxy", not_drawn="needs-s3-run"),
+    FaultKind("storage-slow", None, needs="storage_proxy", not_drawn="needs-s3-run"),
 )}
 
 

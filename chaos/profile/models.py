@@ -160,11 +160,137 @@ class RaySettings(_Model):
         return host_port(self.gcs_address, "gcs_address")[0]
 
 
+def _check_url(value: str, what: str) -> str:
+    u = urllib.parse.urlsplit(value.strip())
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{what} must be http(s)://host[:port], got {value!r}")
+    try:
+        u.port
+    except ValueError:
+        raise ValueError(f"{what} has an invalid port: {value!r}") from None
+    if u.username or u.password:
+        raise ValueError(f"{what} must not carry credentials; {S3_SECRET_HINT}")
+    return value.strip().rstrip("/")
+
+
+S3_SECRET_HINT = ("name the environment variables that hold them (storage.s3.credentials.env), an AWS profile, "
+                  "or let the nodes use their own (an instance role)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class S3Credentials(_Model):
+    """Where the job's S3 client finds its credentials — by reference only: ``env`` names
+    variables of the harness's environment whose values the job's environment gets under the
+    same names; ``aws_profile`` names a profile of an AWS credentials file on the nodes;
+    ``nodes`` passes nothing (an instance role, IRSA, the nodes' own environment)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+    source: Literal["env", "aws_profile", "nodes"] = Field("nodes", alias="from")
+    """`env`: the variables `env` names are read from the harness's environment when a run is submitted and given
+    to its job under the same names (their values then travel in the job's runtime_env, which whoever reads the
+    cluster's job table sees); `aws_profile`: the job gets `AWS_PROFILE` and `AWS_SHARED_CREDENTIALS_FILE`;
+    `nodes`: nothing (an instance role, IRSA, the nodes' own environment). With `env` or `aws_profile` the job is
+    told not to ask the instance metadata service (`AWS_EC2_METADATA_DISABLED=true`). Never a secret's value: the
+    loader refuses a key or a value that looks like one."""
+    env: list[str] = Field(default_factory=list)
+    """With `from: env`: the NAMES of the variables, e.g. `[AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY]`."""
+    aws_profile: str | None = None
+    """With `from: aws_profile`: the profile's name in the nodes' AWS credentials file."""
+    credentials_file: FilePath | None = None
+    """With `from: aws_profile`: that file's path on the nodes (default: the SDK's, `~/.aws/credentials`)."""
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not _ENV_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"env lists the NAMES of environment variables (e.g. AWS_ACCESS_KEY_ID), not values; "
+                             f"not a variable name: {', '.join(repr(b[:12] + '…' if len(b) > 12 else b) for b in bad)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "S3Credentials":
+        if self.source == "env" and not self.env:
+            raise ValueError("from: env needs env: [the names of the variables], e.g. [AWS_ACCESS_KEY_ID, "
+                             "AWS_SECRET_ACCESS_KEY]")
+        if self.source == "aws_profile" and not self.aws_profile:
+            raise ValueError("from: aws_profile needs aws_profile: <the profile's name in the nodes' AWS files>")
+        stray = [k for k, used in (("env", self.source == "env"), ("aws_profile", self.source == "aws_profile"),
+                                   ("credentials_file", self.source == "aws_profile"))
+                 if getattr(self, k) and not used]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} only apply with from: {'env' if stray == ['env'] else 'aws_profile'}"
+                             f" (from is {self.source})")
+        return self
+
+
+class FaultProxySettings(_Model):
+    """The storage fault proxy (chaos.storage.proxy) that ``endpoint_url`` points through:
+    its admin API, and the endpoint behind it."""
+
+    admin_url: str
+    """The proxy's admin API, `http://host:port`: what `storage-errors` and `storage-slow` arm their rules through,
+    and where the harness reads the requests it logged (the timeline's storage events)."""
+    upstream: str
+    """The S3 endpoint behind the proxy, `http(s)://host[:port]`. The proxy forwards every request to it unchanged,
+    its Host header too: an upstream that checks signatures against its own name must accept the proxy's."""
+
+    @field_validator("admin_url", "upstream")
+    @classmethod
+    def _url(cls, v: str, info) -> str:
+        return _check_url(v, info.field_name)
+
+
+class S3Settings(_Model):
+    """How the nodes reach an ``s3://`` storage path: the endpoint (AWS's own when unset), the
+    region, the credentials by reference, and the fault proxy the storage faults act through.
+    These are the only storage endpoints a storage fault may target."""
+
+    endpoint_url: str | None = None
+    """The S3 endpoint the nodes use, `http(s)://host[:port]` (MinIO, a VPC endpoint, the fault proxy); unset:
+    AWS's regional one. No credentials in the URL. A storage fault targets only this endpoint and the fault
+    proxy's upstream: any other is refused, naming it."""
+    region: str | None = None
+    """An AWS region name, e.g. `us-west-2`."""
+    credentials: S3Credentials = Field(default_factory=S3Credentials)
+    """Where the job's S3 client finds its credentials, by reference only."""
+    fault_proxy: FaultProxySettings | None = None
+    """The storage fault proxy (`python -m chaos.storage.proxy`) `endpoint_url` points through; without it
+    `storage-errors` and `storage-slow` are skipped."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else _check_url(v, "endpoint_url")
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", v.strip()):
+            raise ValueError(f"region must be an AWS region name like us-west-2, got {v!r}")
+        return v.strip() if v else v
+
+    @model_validator(mode="after")
+    def _proxied(self) -> "S3Settings":
+        if self.fault_proxy is not None and self.endpoint_url is None:
+            raise ValueError("fault_proxy needs endpoint_url: the proxy's S3 address, which the nodes use")
+        return self
+
+    def endpoints(self) -> list[str]:
+        """Every storage endpoint this profile names (what a storage fault may target)."""
+        return [u for u in (self.endpoint_url, self.fault_proxy.upstream if self.fault_proxy else None) if u]
+
+
 class StorageSettings(_Model):
     path: str
     """Ray Train's `storage_path`: an absolute path, or `s3://bucket/prefix`, `gs://bucket/prefix`. A local path
     must be one shared filesystem mounted at that path on every node (NFS, FSx, EFS): a node-local directory
     makes every restart resume from scratch, so the harness warns about it. The harness itself never reads it."""
+    s3: S3Settings | None = None
+    """How the nodes reach an `s3://` path (only with one): the endpoint, region and credentials every run's job
+    environment then gets, as a user sets them (`AWS_ENDPOINT_URL_S3`, `AWS_DEFAULT_REGION`/`AWS_REGION`, the
+    credentials' variables: what pyarrow's S3 client reads on every node), and the storage fault proxy."""
 
     @field_validator("path")
     @classmethod
@@ -184,6 +310,12 @@ class StorageSettings(_Model):
             raise ValueError(f"must be an absolute path on a filesystem shared by every node (e.g. /mnt/fsx/chaos), "
                              f"or an s3:// / gs:// URI; got {v!r}")
         return v.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _s3_for_s3(self) -> "StorageSettings":
+        if self.s3 is not None and not self.path.startswith("s3://"):
+            raise ValueError(f"s3: settings only apply to an s3:// path; path is {self.path}")
+        return self
 
     @property
     def is_local_path(self) -> bool:

@@ -54,8 +54,9 @@ LAYERS: dict[str, int] = {
     # 2 reaching things: transports (local, ssh, k8s exec + API access, Ray gRPC), the Ray
     #   cluster view, shipping the shim over a transport, the safety rules over profile settings.
     "chaos.transport": 2, "chaos.cluster": 2, "chaos.shim": 2, "chaos.safety": 2,
-    # 3 the embedded cluster, its test hosts and emulated control planes (run by a backend).
-    "chaos.embedded": 3,
+    # 3 the embedded cluster, its test hosts and emulated control planes (run by a backend); object
+    #   storage: the S3 server and fault proxy the harness runs, a job's S3 settings, the storage events.
+    "chaos.embedded": 3, "chaos.storage": 3,
     # 4 backends: cluster view, Host handles by Ray node id, health, heal, safety, sweep.
     "chaos.backends": 4,
     # 5 faults: target, inject, detect, revert, sweep through backends' hosts and transports.
