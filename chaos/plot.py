@@ -4,7 +4,12 @@ One PNG per chaos test, attached to its Allure result.  Training step against wa
 (seconds since the first event), one colour per attempt (one line per rank, in the
 attempt's colour, where its ranks reported different steps), checkpoint commits marked;
 vertical lines for faults, node deaths/rejoins and attempt starts; the re-done (lost)
-steps shaded; time to detect and time to recover drawn from each fault.
+steps shaded; time to detect and time to recover drawn from each fault; a storage fault's
+window shaded.  Below it, on the same time axis, the event markers in lanes of their own — a
+band per source (fault, node agent, Ray nodes, storage, Train) — each label in the first row
+of its lane where it overlaps no other (measured text extents), so a chain of events a second
+apart stays readable; the storage lane shows each checkpoint's upload from its first request
+to its last, as the storage fault proxy saw it, and the storage faults' windows.
 
 `plot_data` derives every number the picture shows, so tests can check the numbers
 without reading pixels; `render_timeline` only draws them.
@@ -17,6 +22,7 @@ import os
 from pathlib import Path
 
 from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
 from matplotlib.ticker import MaxNLocator
 
@@ -40,6 +46,17 @@ MARKER_STYLE = {
     "job_submitted": {"color": "tab:blue", "linestyle": "--", "linewidth": 1.0},
 }
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
+# The lanes below the steps, top to bottom, and the lane of each marker kind.
+LANES = ("fault", "node agent", "Ray nodes", "storage", "Train")
+LANE_OF = {"fault_injected": "fault", "xid_logged": "fault",
+           "node_agent_signal": "node agent", "node_agent_silent": "node agent", "node_down": "node agent",
+           "node_recovered": "node agent",
+           "node_dead": "Ray nodes", "node_alive": "Ray nodes", "head_unreachable": "Ray nodes",
+           "head_reachable": "Ray nodes",
+           "attempt_started": "Train", "run_finished": "Train", "job_submitted": "Train"}
+STORAGE_KINDS = ("storage-partition", "storage-errors", "storage-slow")
+ROW_IN = 0.2  # inches per label row in a lane
+LABEL_PAD_PX = 4  # pixels between two labels in one row
 
 
 @dataclasses.dataclass
@@ -54,6 +71,21 @@ class Marker:
     x: float
     kind: str
     label: str
+
+    @property
+    def lane(self) -> str:
+        return LANE_OF[self.kind]
+
+
+@dataclasses.dataclass
+class Span:
+    """A stretch of time in the storage lane: a checkpoint's upload (``ok``: it completed) or a
+    storage fault's window."""
+
+    x0: float
+    x1: float
+    label: str
+    ok: bool = True
 
 
 @dataclasses.dataclass
@@ -91,6 +123,8 @@ class PlotData:
     # attempts whose ranks reported different steps (one restarting from scratch, say):
     # (attempt, rank) -> that rank's points, drawn instead of the attempt's single line
     ranks: dict[tuple[int, int], list[Point]] = dataclasses.field(default_factory=dict)
+    uploads: list[Span] = dataclasses.field(default_factory=list)  # each checkpoint's upload (storage events)
+    windows: list[Span] = dataclasses.field(default_factory=list)  # each storage fault's window
 
 
 def plot_data(timeline: Timeline) -> PlotData:
@@ -113,6 +147,7 @@ def plot_data(timeline: Timeline) -> PlotData:
     for a in split:
         attempts.pop(a, None)
 
+    end_x = (events[-1].t - t0) if events else 0.0
     return PlotData(
         has_steps=has_steps,
         attempts=dict(sorted(attempts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))),
@@ -120,9 +155,36 @@ def plot_data(timeline: Timeline) -> PlotData:
                  if e.kind in MARKER_STYLE and (e.kind != "job_submitted" or e.data.get("resubmits"))],
         lost=_lost_spans(timeline, t0) if has_steps else [],
         recoveries=[Recovery(m.fault_t - t0, m.time_to_detect, m.time_to_recover) for m in recovery_metrics(timeline)],
-        end_x=(events[-1].t - t0) if events else 0.0,
+        end_x=end_x,
         ranks=dict(sorted(ranks.items())),
+        uploads=_uploads(timeline, t0),
+        windows=_windows(timeline, t0, end_x),
     )
+
+
+def _uploads(timeline: Timeline, t0: float) -> list[Span]:
+    """Each checkpoint folder's upload, named by the step Train committed it at (a failed one
+    was never committed)."""
+    from chaos.storage.events import uploads
+
+    steps = {str(r.data["checkpoint"]).rstrip("/").rsplit("/", 1)[-1]: r.data.get("step")
+             for r in timeline.reports() if r.data.get("checkpoint")}
+    return [Span(u.start - t0, u.end - t0, f"step {steps[u.checkpoint]}" if u.checkpoint in steps else
+                 "upload failed" if not u.ok else "not committed", u.ok) for u in uploads(timeline)]
+
+
+def _windows(timeline: Timeline, t0: float, end_x: float) -> list[Span]:
+    """Each storage fault's window: from when it began to match (its injection, or the first
+    request it met) to its end (the run's end if none was recorded)."""
+    out = []
+    for f in timeline.of("fault_injected"):
+        if f.data.get("fault") not in STORAGE_KINDS:
+            continue
+        ledger_id = f.data.get("ledger_id")
+        end = timeline.first("storage_window_ended", where=lambda e, lid=ledger_id: e.data.get("ledger_id") == lid)
+        start = end.data.get("started") if end is not None and end.data.get("started") else f.t
+        out.append(Span(start - t0, (end.t - t0) if end is not None else end_x, f"{f.data['fault']} window"))
+    return out
 
 
 def _marker_label(e: Event) -> str:
@@ -174,9 +236,38 @@ def _lost_spans(timeline: Timeline, t0: float) -> list[LostSpan]:
 
 def render_timeline(timeline: Timeline, path: str | os.PathLike, title: str = "") -> Path:
     """Draw the timeline picture to ``path`` (PNG) and return the path."""
+    fig = build_figure(timeline, title)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def build_figure(timeline: Timeline, title: str = "") -> Figure:
+    """The picture: the steps above, the lanes below, on one time axis.  Laid out by hand (no
+    constrained layout), so a label's width measured here is the width it is drawn at."""
     data = plot_data(timeline)
-    fig = Figure(figsize=(11, 5.5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
+    lanes = [lane for lane in LANES if lane in ("fault", "Train") or any(m.lane == lane for m in data.markers)
+             or (lane == "storage" and (data.uploads or data.windows))]
+    fig = Figure(figsize=(11, 5.0), dpi=100)
+    FigureCanvasAgg(fig)
+    xlim = (0.0, max(data.end_x, 1.0) * 1.02)
+    rows = _lane_rows(fig, data, lanes, xlim)
+    lane_in = sum(max(1, len(r)) for r in rows.values()) * ROW_IN + 0.15 * len(lanes)
+    height = 5.0 + lane_in
+    fig.set_size_inches(11, height)
+    left, width = 0.07, 0.72
+    ax = fig.add_axes((left, (lane_in + 0.95) / height, width, 3.6 / height))
+    lanes_ax = fig.add_axes((left, 0.5 / height, width, lane_in / height), sharex=ax)
+    _draw_steps(ax, data, title)
+    _draw_lanes(lanes_ax, data, lanes, rows)
+    ax.set_xlim(*xlim)
+    ax.tick_params(labelbottom=False)
+    lanes_ax.set_xlabel("wall time since first event (s)")
+    return fig
+
+
+def _draw_steps(ax, data: PlotData, title: str) -> None:
     order = sorted(set(data.attempts) | {a for a, _ in data.ranks}, key=lambda a: (a is None, a or 0))
     colour_of = dict(zip(order, _attempt_colours(len(order))))
     lines = [(attempt, None, points) for attempt, points in data.attempts.items()]
@@ -193,17 +284,17 @@ def render_timeline(timeline: Timeline, path: str | os.PathLike, title: str = ""
             ax.scatter(*zip(*ckpt), marker="D", s=42, color=colour, edgecolors="black", zorder=3)
     if any(p.checkpoint for _, _, points in lines for p in points):
         ax.scatter([], [], marker="D", s=42, color="white", edgecolors="black", label="checkpoint committed")
-
     for span in data.lost:
         ax.axvspan(span.x0, span.x1, color="tab:orange", alpha=0.18, zorder=0)
         ax.text((span.x0 + span.x1) / 2, 0.02, f"{span.steps} steps\nre-done", transform=ax.get_xaxis_transform(),
                 ha="center", va="bottom", fontsize=8, color="tab:orange")
-
-    _draw_markers(ax, data.markers)
+    for i, w in enumerate(data.windows):
+        ax.axvspan(w.x0, w.x1, color="tab:red", alpha=0.10, zorder=0, label="storage fault window" if not i else None)
+    seen = set()
+    for m in data.markers:  # the lines only: their labels are in the lanes below
+        ax.axvline(m.x, label=m.kind.replace("_", " ") if m.kind not in seen else None, zorder=1, **MARKER_STYLE[m.kind])
+        seen.add(m.kind)
     _draw_recoveries(ax, data.recoveries)
-
-    ax.set_xlim(left=0, right=max(data.end_x, 1.0) * 1.02)
-    ax.set_xlabel("wall time since first event (s)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if data.has_steps:
         ax.set_ylabel("training step")
@@ -216,10 +307,82 @@ def render_timeline(timeline: Timeline, path: str | os.PathLike, title: str = ""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, ncol=1 + len(lines) // 20)
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+
+# -- the lanes -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Label:
+    x: float  # where its marker is
+    text: str
+    colour: object
+    right: bool = False  # drawn to the left of its marker (it would run past the axis otherwise)
+
+
+def _lane_labels(data: PlotData, lane: str) -> list[_Label]:
+    if lane == "storage":
+        return sorted([_Label(u.x0, u.label, "tab:green" if u.ok else "tab:red") for u in data.uploads],
+                      key=lambda lab: lab.x)
+    return [_Label(m.x, m.label, MARKER_STYLE[m.kind]["color"]) for m in data.markers if m.lane == lane]
+
+
+def _lane_rows(fig: Figure, data: PlotData, lanes: list[str], xlim: tuple[float, float]) -> dict[str, list[list]]:
+    """Each lane's labels in rows: a label goes into the first row whose last label ends before
+    it begins (its measured width, in the axis's units), else into a new row."""
+    renderer = fig.canvas.get_renderer()
+    px_per_s = fig.get_figwidth() * fig.dpi * 0.72 / (xlim[1] - xlim[0])
+    out: dict[str, list[list]] = {}
+    for lane in lanes:
+        rows: list[list] = []
+        ends: list[float] = []
+        for lab in _lane_labels(data, lane):
+            probe = fig.text(0, 0, lab.text, fontsize=7)
+            w = (probe.get_window_extent(renderer).width + LABEL_PAD_PX) / px_per_s
+            probe.remove()
+            lab.right = lab.x + w > xlim[1]
+            x0, x1 = (lab.x - w, lab.x) if lab.right else (lab.x, lab.x + w)
+            row = next((i for i, end in enumerate(ends) if end <= x0), None)
+            if row is None:
+                rows.append([])
+                ends.append(x1)
+                row = len(rows) - 1
+            rows[row].append(lab)
+            ends[row] = x1
+        out[lane] = rows
     return out
+
+
+def _draw_lanes(ax, data: PlotData, lanes: list[str], rows: dict[str, list[list]]) -> None:
+    """Bands top to bottom; in each, its markers' ticks and labels row by row (text gid
+    ``lane:<name>``), the storage lane's uploads as bars and the storage faults' windows."""
+    y, ticks = 0.0, []
+    for lane in lanes:
+        height = max(1, len(rows[lane])) + 0.6
+        ticks.append((y + height / 2, lane))
+        for m in data.markers:
+            if m.lane == lane:
+                ax.vlines(m.x, y, y + height, color=MARKER_STYLE[m.kind]["color"], linewidth=0.9,
+                          linestyle=MARKER_STYLE[m.kind]["linestyle"])
+        if lane == "storage":
+            _draw_storage(ax, data, y, height)
+        for i, row in enumerate(rows[lane]):
+            for lab in row:
+                ax.text(lab.x, y + 0.3 + i + 0.5, (lab.text + " ") if lab.right else (" " + lab.text), fontsize=7,
+                        color=lab.colour, ha="right" if lab.right else "left", va="center", gid=f"lane:{lane}",
+                        clip_on=False)
+        y += height
+        ax.axhline(y, color="0.8", linewidth=0.8)
+    ax.set_ylim(y, 0)
+    ax.set_yticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=8)
+    ax.grid(axis="x", alpha=0.25)
+
+
+def _draw_storage(ax, data: PlotData, y: float, height: float) -> None:
+    """The storage faults' windows shaded, each upload a bar from its first request to its last
+    (at least a few pixels wide: a small checkpoint uploads in milliseconds)."""
+    for w in data.windows:
+        ax.fill_between([w.x0, w.x1], y, y + height, color="tab:red", alpha=0.15, linewidth=0)
+    span = max((data.end_x or 1.0), 1.0) / 400
+    for u in data.uploads:
+        ax.broken_barh([(u.x0, max(u.x1 - u.x0, span))], (y + 0.05, 0.25), color="tab:green" if u.ok else "tab:red")
 
 
 def _nan_if_none(step: int | None) -> float:
@@ -233,17 +396,6 @@ def _attempt_colours(n: int) -> list:
         return [colormaps["tab10"](i) for i in range(n)]
     cmap = colormaps["viridis"]
     return [cmap(i / (n - 1)) for i in range(n)]
-
-
-def _draw_markers(ax, markers: list[Marker]) -> None:
-    seen = set()
-    for m in markers:
-        style = MARKER_STYLE[m.kind]
-        legend = m.kind.replace("_", " ") if m.kind not in seen else None
-        seen.add(m.kind)
-        ax.axvline(m.x, label=legend, zorder=1, **style)
-        ax.text(m.x, 0.99, m.label, transform=ax.get_xaxis_transform(), rotation=90, ha="right", va="top",
-                fontsize=7, color=style["color"])
 
 
 def _draw_recoveries(ax, recoveries: list[Recovery]) -> None:

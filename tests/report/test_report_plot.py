@@ -119,3 +119,80 @@ def test_the_automatic_node_recovery_chain_is_on_the_picture(tmp_path):
         "fault: xid", "kernel log: Xid 79", "agent: condition NvidiaErrorReplace",
         "agent: label UnschedulablePendingReplacement", "node deleted", "node replaced"]
     assert render_timeline(Timeline(events), tmp_path / "xid.png").is_file()
+
+
+def _xid_chain(t=1000.0):
+    """What the embedded cluster's automatic node recovery does within 1.5 s: every link."""
+    from chaos.timeline import Event
+
+    return Timeline([
+        Event(t - 20, "recorder", "attempt_started", {"attempt": 0, "run_id": "r"}),
+        Event(t, "fault", "fault_injected", {"fault": "xid", "ledger_id": "f1"}),
+        Event(t, "fault", "xid_logged", {"xid": 79, "ledger_id": "f1"}),
+        Event(t + 0.2, "fault", "node_agent_signal", {"signal": "condition", "value": {"type": "NvidiaErrorReplace"}}),
+        Event(t + 0.3, "fault", "node_agent_signal", {"signal": "label", "value":
+              "sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement"}),
+        Event(t + 0.4, "fault", "node_down", {"deleted": True}),
+        Event(t + 0.5, "cluster", "node_dead", {"node_ip": "198.18.0.3"}),
+        Event(t + 0.7, "fault", "node_recovered", {"action": "replace"}),
+        Event(t + 1.0, "cluster", "node_alive", {"node_ip": "198.18.0.5"}),
+        Event(t + 1.2, "recorder", "attempt_started", {"attempt": 1, "run_id": "r"}),
+        Event(t + 1.5, "recorder", "attempt_started", {"attempt": 2, "run_id": "r"}),
+        Event(t + 60, "recorder", "run_finished", {"state": "FINISHED", "run_id": "r"})])
+
+
+def lane_texts(fig):
+    """(lane, text, its extent in pixels) of every label the lanes drew."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    return [(t.get_gid()[len("lane:"):], t.get_text().strip(), t.get_window_extent(renderer))
+            for ax in fig.axes for t in ax.texts if (t.get_gid() or "").startswith("lane:")]
+
+
+def test_labels_in_one_lane_never_overlap_for_a_dense_chain():
+    """The Xid chain's links, 1.5 s apart on a 60 s axis, each labelled in its source's lane
+    and no two labels of a lane overlapping (their drawn extents); the chain is dense enough
+    that labels on one line would (the check can fail)."""
+    from chaos.plot import build_figure
+
+    tl = _xid_chain()
+    texts = lane_texts(build_figure(tl, "xid chain"))
+    assert sorted({lane for lane, _, _ in texts}) == ["Ray nodes", "Train", "fault", "node agent"]
+    assert len(texts) == len(plot_data(tl).markers)
+    for lane in {lane for lane, _, _ in texts}:
+        boxes = [(text, box) for ln, text, box in texts if ln == lane]
+        for i, (a, box_a) in enumerate(boxes):
+            for b, box_b in boxes[i + 1:]:
+                assert not box_a.overlaps(box_b), f"lane {lane}: {a!r} overlaps {b!r}"
+    agent = [box for ln, _, box in texts if ln == "node agent"]
+    one_line = [box.translated(0, agent[0].y0 - box.y0) for box in agent]
+    assert any(a.overlaps(b) for i, a in enumerate(one_line) for b in one_line[i + 1:]), \
+        "the chain is not dense enough for the check to mean anything"
+
+
+def test_the_storage_lane_shows_each_upload_and_the_fault_window(tmp_path):
+    """Uploads from the proxy's requests, named by the step Train committed them at (the failed
+    one by what it is), and the storage fault's window from its first match to its end."""
+    from chaos.timeline import Event
+
+    def req(t, method, key, status, query=()):
+        return Event(t, "storage", "storage_request", {"run_id": "r", "method": method, "key": key, "status": status,
+                                                       "query": list(query), "checkpoint": key.split("/")[0],
+                                                       "t_end": t + 0.05})
+
+    tl = Timeline([
+        Event(100.0, "recorder", "attempt_started", {"attempt": 0, "run_id": "r"}),
+        req(101.0, "PUT", "checkpoint_a/state.pt", 200),
+        Event(101.5, "recorder", "report", {"attempt": 0, "run_id": "r", "step": 5, "steps": {"0": 5},
+                                            "checkpoint": "bkt/p/run/checkpoint_a"}),
+        Event(102.0, "fault", "fault_injected", {"fault": "storage-errors", "ledger_id": "f1"}),
+        req(103.0, "PUT", "checkpoint_b/state.pt", 503), req(104.0, "PUT", "checkpoint_b/state.pt", 503),
+        Event(108.0, "fault", "storage_window_ended", {"fault": "storage-errors", "ledger_id": "f1", "started": 103.0}),
+        Event(130.0, "recorder", "run_finished", {"state": "FINISHED", "run_id": "r"})])
+    data = plot_data(tl)
+    assert [(u.x0, u.label, u.ok) for u in data.uploads] == [(1.0, "step 5", True), (3.0, "upload failed", False)]
+    assert [(w.x0, w.x1, w.label) for w in data.windows] == [(3.0, 8.0, "storage-errors window")]
+    from chaos.plot import build_figure
+
+    assert {text for lane, text, _ in lane_texts(build_figure(tl)) if lane == "storage"} == {"step 5", "upload failed"}
+    assert_png(render_timeline(tl, tmp_path / "storage.png", title="storage errors"))
