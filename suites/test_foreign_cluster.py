@@ -2,7 +2,10 @@
 
 The foreign-cluster stand-in: machines that share nothing with this one but a bridge (their
 own /tmp, /var/tmp, /dev/shm; the harness's checkout, venv and reports out of their sight;
-Python and Ray at their own path), Ray started on them by a script over SSH
+Python and Ray at their own path) and nothing with each other (no shared filesystem: their
+checkpoints go to S3 — moto behind the storage fault proxy on the bridge's address — with the
+credentials the profile names by the variables the runner's environment holds), Ray started on
+them by a script over SSH
 (scripts/foreign-ray-start.sh), and the suites run by a pytest in a runner of its own — its
 own PID, mount and network namespace, no raylet in sight — that reaches the cluster only
 through a profile in vm-ssh.yaml's shape (the dashboard over HTTP, the GCS and raylet ports,
@@ -46,8 +49,9 @@ print(f"preflight: {len(psutil.pids())} processes visible, no raylet; canaries {
 
 @pytest.fixture(scope="module")
 def foreign(request, tmp_path_factory, chaos_clusters):
-    """The stand-in with 3 workers (the stub CUDA driver as the nodes' own), and its profile;
-    the session's other clusters closed first (two cores run one cluster at a time)."""
+    """The stand-in with 3 workers (the stub CUDA driver as the nodes' own) and no shared
+    filesystem, and its profile; the session's other clusters closed first (two cores run one
+    cluster at a time)."""
     from chaos.embedded.foreign import ForeignCluster, ForeignConfig
     from chaos.embedded.testhost import testhosts_supported
     from chaos.profile import dump_profile
@@ -63,9 +67,9 @@ def foreign(request, tmp_path_factory, chaos_clusters):
     chaos_clusters.close()
     base = tmp_path_factory.mktemp("foreign")
     say = live_reporter(request.config).say
-    say("starting the foreign-cluster stand-in: 1 head + 3 workers sharing nothing with this machine, Ray started "
-        "over SSH by scripts/foreign-ray-start.sh")
-    cluster = ForeignCluster(ForeignConfig(workers=3, base_dir=base / "cluster",
+    say("starting the foreign-cluster stand-in: 1 head + 3 workers sharing nothing with this machine or each other "
+        "(checkpoints on S3), Ray started over SSH by scripts/foreign-ray-start.sh")
+    cluster = ForeignCluster(ForeignConfig(workers=3, base_dir=base / "cluster", shared_fs=False,
                                            cuda_driver_dir=build_stub(base / "cuda"))).up()
     try:
         profile = base / "profile.yaml"
@@ -93,19 +97,25 @@ def outside(request, foreign, selection: list[str], name: str) -> tuple[int, str
                f"--chaos-profile {shlex.quote(str(profile))} --chaos-reports {shlex.quote(str(reports))} "
                "--chaos-raylet-kill sigkill")
     say = live_reporter(request.config).say
-    code, out = cluster.run_outside(command, ROOT, timeout=1500, echo=lambda line: say(f"  outside | {line}"))
+    code, out = cluster.run_outside(command, ROOT, timeout=1500, env=cluster.storage_env(),
+                                    echo=lambda line: say(f"  outside | {line}"))
     return code, out, reports, canaries
 
 
 def assert_nothing_of_the_harness_is_seen(foreign, canaries):
+    """Nor any shared filesystem: no /mnt/shared, and a file in one host's /tmp on none other."""
     cluster, _, _ = foreign
     net = cluster.network
-    paths = [*canaries, ROOT / "pyproject.toml", Path(sys.prefix) / "pyvenv.cfg", ROOT / "reports"]
+    paths = [*canaries, ROOT / "pyproject.toml", Path(sys.prefix) / "pyvenv.cfg", ROOT / "reports",
+             Path("/mnt/shared"), Path(f"/tmp/chaos-private-{cluster.head.name}")]
     for host in [cluster.head, *cluster.workers]:
         t = SSHTransport(host.address, key_filename=net.ssh_key_path, known_hosts=net.known_hosts_path,
                          use_agent=False, connect_timeout=10, command_timeout=30)
         try:
-            for path in paths:
+            mine = host is cluster.head
+            if mine:  # a file in its own /tmp, which no other host may see
+                t.run(f"echo mine > /tmp/chaos-private-{host.name}", timeout=20).check()
+            for path in paths[:-1] if mine else paths:
                 seen = t.run(f"ls -A {shlex.quote(str(path))} 2>/dev/null | head -3; cat {shlex.quote(str(path))} "
                              "2>/dev/null | head -c 100", timeout=20)
                 assert not seen.stdout.strip(), f"{host.name} sees {path}: {seen.stdout.strip()!r}"
@@ -127,6 +137,7 @@ def test_a_raylet_kill_from_outside_a_cluster_the_harness_did_not_start(foreign,
         out[-5000:]
     [record] = json.loads((reports / "summary.json").read_text())["records"]
     assert record["outcome"] == "passed" and record["backend"] == "profile:foreign-standin", record
+    assert "S3 requests of the run, as the fault proxy saw them" in out, "the run's checkpoints did not go to S3"
     assert_nothing_of_the_harness_is_seen(foreign, canaries)
 
 

@@ -116,7 +116,8 @@ def serve(args) -> int:
     elif args.foreign:
         from chaos.embedded.foreign import ForeignCluster, ForeignConfig
 
-        cluster = ForeignCluster(ForeignConfig(workers=args.workers, base_dir=base, cuda_driver_dir=_driver(args)))
+        cluster = ForeignCluster(ForeignConfig(workers=args.workers, base_dir=base, cuda_driver_dir=_driver(args),
+                                               shared_fs=not args.no_shared_fs))
     else:
         cluster = EmbeddedCluster(EmbeddedConfig(
             workers=args.workers, node_recovery=args.node_recovery == "automatic",
@@ -284,7 +285,7 @@ def up(args) -> int:
     if args.kubernetes:
         argv += ["--kubernetes"]
     elif args.foreign:
-        argv += ["--foreign"]
+        argv += ["--foreign", *(["--no-shared-fs"] if args.no_shared_fs else [])]
     else:
         argv += ["--hosts", _hosts_mode(args.hosts), "--node-recovery", args.node_recovery,
                  "--recovery-delay", str(args.recovery_delay)]
@@ -419,7 +420,8 @@ def _sweep_kubernetes(st: dict) -> None:
 def _sweep_hosts(st: dict) -> None:
     """What a dead supervisor left of a foreign cluster: its test hosts' boots (every Ray
     process of theirs lives in them), their network and state."""
-    _kill_sessions([h.get("pids", {}).get("unshare") for h in st.get("hosts", [])])
+    _kill_sessions([h.get("pids", {}).get("unshare") for h in st.get("hosts", [])]
+                   + st.get("storage", {}).get("pids", []))
     _sweep_network(st)
 
 
@@ -455,6 +457,9 @@ def _validate_up(args) -> None:
     """Refuse what cannot work before a supervisor is started."""
     if args.kubernetes and args.foreign:
         raise ChaosError("--kubernetes and --foreign: one kind of cluster at a time")
+    if args.no_shared_fs and not args.foreign:
+        raise ChaosError("--no-shared-fs applies to --foreign only (the other clusters' nodes share this machine's "
+                         "files)")
     if args.cuda_driver_dir:
         if args.kubernetes:
             raise ChaosError("--cuda-driver-dir does not apply to --kubernetes (its pods see this machine's files: "
@@ -504,6 +509,9 @@ def main(argv=None) -> int:
             s.add_argument("--foreign", action="store_true",
                            help="a cluster the harness did not start: isolated test hosts (their own /tmp, none of "
                                 "this checkout), Ray started on them over SSH by scripts/foreign-ray-start.sh (root)")
+            s.add_argument("--no-shared-fs", action="store_true",
+                           help="foreign cluster only: no shared filesystem at all; checkpoints go to S3 (moto "
+                                "behind the storage fault proxy on the bridge's address), as on a real cluster")
             s.add_argument("--workers", type=int, default=3)
             s.add_argument("--node-recovery", choices=["automatic", "off"], default=None,
                            help="plain cluster only (default automatic)")

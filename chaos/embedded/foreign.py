@@ -8,8 +8,10 @@ team's staging VMs is, on one machine.
   there, as a node image installs it; the harness's package is not importable there, a job
   gets it through its runtime_env as on any cluster); a disk of their own that outlives a
   reboot (``/opt/node``); a shared filesystem for checkpoints (``/mnt/shared``, which the
-  harness does not see); optionally a CUDA driver (``/opt/cuda/lib64``: the stub on machines
-  without a GPU).
+  harness does not see) — or, with ``shared_fs=False``, no shared filesystem at all: checkpoints
+  go to S3 only (moto's server behind the storage fault proxy on the bridge's address, which
+  the nodes reach; chaos.storage.local), as on a real cluster; optionally a CUDA driver
+  (``/opt/cuda/lib64``: the stub on machines without a GPU).
 * **Ray**: started the way a team starts it, by a script over SSH
   (``scripts/foreign-ray-start.sh``: a service unit per node, ``ray start --block``
   restarted when it exits and at boot) — not by EmbeddedCluster's supervisor.
@@ -18,7 +20,7 @@ team's staging VMs is, on one machine.
   and it reaches the cluster only as a profile says: the dashboard over HTTP, the GCS and
   raylet ports for drains and kills, the hosts over SSH (``profile()``: vm-ssh.yaml's shape).
 
-``python -m chaos.embedded up --foreign --profile-out P`` starts one by hand.
+``python -m chaos.embedded up --foreign [--no-shared-fs] --profile-out P`` starts one by hand.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import chaos
 from chaos.cluster import ClusterView
-from chaos.embedded.cluster import claim_slot, free_bridge, one_start_at_a_time
+from chaos.embedded.cluster import claim_slot, free_bridge, free_port, one_start_at_a_time, port_slice
 from chaos.embedded.testhost import Isolation, TestHostNetwork
 from chaos.errors import ClusterError, WaitTimeout
 from chaos.waits import poll_until
@@ -56,6 +58,7 @@ class ForeignConfig:
     boot_delay_s: float = 2.0  # a reboot's power-off time
     cuda_driver_dir: Path | None = None  # a directory with libcuda.so.1 the nodes get as their own
     start_timeout_s: float = 180.0
+    shared_fs: bool = True  # False: no /mnt/shared; checkpoints on S3 only
 
     def __post_init__(self):
         if self.workers < 1:
@@ -69,6 +72,7 @@ class ForeignCluster:
         self.network: TestHostNetwork | None = None
         self.head = None
         self.workers: list = []
+        self.storage = None  # chaos.storage.local.LocalStorage, without a shared filesystem
         self._slot = None
 
     # -- what the harness is told -----------------------------------------------------
@@ -83,12 +87,12 @@ class ForeignCluster:
     def profile(self) -> dict:
         """vm-ssh.yaml's shape: the dashboard and GCS by address, every host over SSH with its
         key verified, every worker allowlisted, never the head, checkpoints on the nodes'
-        shared filesystem."""
+        shared filesystem — or on S3, its credentials named (``storage_env`` has their values)."""
         net = self.network
         return {
             "name": "foreign-standin", "protected": False,
             "ray": {"dashboard_url": self.dashboard_url, "gcs_address": self.gcs_address},
-            "storage": {"path": f"{SHARED}/ray-chaos"},
+            "storage": self.storage.settings() if self.storage is not None else {"path": f"{SHARED}/ray-chaos"},
             "nodes": {"discovery": "ray"},
             "hosts": {"defaults": {"transport": "ssh", "ssh": {
                 "user": "root", "key_file": str(net.ssh_key_path), "known_hosts": str(net.known_hosts_path),
@@ -97,10 +101,19 @@ class ForeignCluster:
                        "max_live_faults": 1, "min_alive_nodes": 1, "unhealthy_for_s": 120.0},
         }
 
+    def storage_env(self) -> dict[str, str]:
+        """What a harness's environment needs to hand the nodes their S3 credentials (the
+        profile names the variables): the made-up ones moto takes; nothing with a shared filesystem."""
+        from chaos.storage.local import CREDENTIALS
+
+        return dict(CREDENTIALS) if self.storage is not None else {}
+
     def status(self) -> dict:
+        storage = self.storage
         return {"dashboard_url": self.dashboard_url, "gcs_address": self.gcs_address,
                 "bridge": self.network.bridge.name, "test_host_dir": str(self.network.state_dir),
-                "hosts": [{"name": h.name, "address": h.address, "pids": h.pids()} for h in [self.head, *self.workers]]}
+                "hosts": [{"name": h.name, "address": h.address, "pids": h.pids()} for h in [self.head, *self.workers]],
+                **({"storage": {"endpoint_url": storage.endpoint_url, "pids": storage.pids()}} if storage else {})}
 
     # -- lifecycle ------------------------------------------------------------------------
     def up(self) -> "ForeignCluster":
@@ -120,8 +133,16 @@ class ForeignCluster:
         # A short state dir (unix socket paths), under /tmp: the hosts' own /tmp hides it.
         self.network = TestHostNetwork(state_dir=Path("/tmp") / f"rc-foreign-{self._slot.slot}", bridge=bridge,
                                        subnet=subnet, boot_delay=cfg.boot_delay_s).up()
-        shared = self.base_dir / "shared"
-        shared.mkdir(exist_ok=True)
+        shared = None
+        if cfg.shared_fs:
+            shared = self.base_dir / "shared"
+            shared.mkdir(exist_ok=True)
+        else:  # the nodes reach this machine only at the bridge's address
+            from chaos.storage.local import LocalStorage
+
+            ports = port_slice(self._slot.slot)
+            self.storage = LocalStorage(self.network.head_address, self.base_dir / "s3",
+                                        lambda: free_port(ports)).start()
         names = ["fc-head", *(f"fc-worker-{i}" for i in range(1, cfg.workers + 1))]
         hosts = [self.network.add_host(name, workload=BOOT, isolation=self._isolation(name, shared))
                  for name in names]
@@ -133,10 +154,10 @@ class ForeignCluster:
         self._start_ray()
         return self
 
-    def _isolation(self, name: str, shared: Path) -> Isolation:
+    def _isolation(self, name: str, shared: Path | None) -> Isolation:
         disk = self.base_dir / "disks" / name
         disk.mkdir(parents=True, exist_ok=True)
-        binds = [(sys.prefix, NODE_PYTHON), (str(disk), "/opt/node"), (str(shared), SHARED)]
+        binds = [(sys.prefix, NODE_PYTHON), (str(disk), "/opt/node"), *([(str(shared), SHARED)] if shared else [])]
         if self.config.cuda_driver_dir is not None:
             binds.append((str(Path(self.config.cuda_driver_dir).resolve()), "/opt/cuda/lib64"))
         hidden = {str(ROOT), sys.prefix, str(Path("reports").resolve()), str(self.base_dir)}
@@ -197,6 +218,9 @@ class ForeignCluster:
                 TestHostNetwork.sweep(self.network.bridge.name)
         finally:
             self.network = None
+            if self.storage is not None:
+                self.storage.stop()
+                self.storage = None
             if self._slot is not None:
                 self._slot.release()
                 self._slot = None
