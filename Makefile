@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 ALLURE := reports/allure-results
 
-.PHONY: setup chaos test report clean
+.PHONY: setup chaos test lint report clean
 
 setup: $(VENV)/.installed node_modules/.installed .system-packages
 
@@ -15,7 +15,7 @@ setup: $(VENV)/.installed node_modules/.installed .system-packages
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[workload,frameworks]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[workload,frameworks,dev]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -70,8 +70,13 @@ soak: setup
 # Starts no Ray (tests/conftest.py refuses a cluster start outside integration tests), so
 # two xdist workers by default; TEST_JOBS=1 for one process.
 TEST_JOBS ?= 2
-test: setup
+test: setup lint
 	$(PYTEST) tests -m "not integration" $(call XDIST,$(TEST_JOBS)) -p no:cacheprovider -rfEs --durations=15 $(ARGS)
+
+# ruff over the tree, mypy --strict over chaos/verdicts (pyproject.toml says which rules and why).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Two named parts, each its own pytest command over INTEGRATION_JOBS xdist workers (2: the
 # sessions are mostly waiting on Ray; their cluster starts take turns):

@@ -5,7 +5,7 @@ does the rendering: no Java, nothing fetched at generation time.  This module ad
 makes the report about chaos rather than about pytest:
 
 * categories: a failed verdict's diagnosis (e.g. "resumed from an older checkpoint")
-  becomes a category, so the Categories tab answers "what went wrong, how often";
+  files the test under its report category (chaos.verdicts.Diagnosis), so the Categories tab answers "what went wrong, how often";
 * executor.json: which CI build produced the report, from the CI's standard env vars;
 * environment.properties: the cluster and Ray settings the run used;
 * metrics: the per-fault-kind medians of reports/summary.json become Allure 3 metrics
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Mapping
 
 from chaos.errors import ChaosError
+from chaos.verdicts.diagnosis import ReportCategory, report_phrases
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RESULTS = Path("reports/allure-results")
@@ -56,35 +57,25 @@ def _containing(*phrases: str) -> str:
     return "[\\s\\S]*(" + "|".join(phrases) + ")[\\s\\S]*"
 
 
-# Order matters: Allure puts a test in the first category that matches.  Diagnoses
-# match failed and broken tests alike (a fault that could not be injected usually
-# surfaces as an exception); whatever is broken and undiagnosed is a harness error.
-DIAGNOSES: dict[str, tuple[str, ...]] = {
-    "restarted from scratch": ("restarted from scratch",),
-    "resumed from an older checkpoint": ("resumed from an older checkpoint",),
-    "resumed past the checkpoint (skipped data)": ("resumed past the checkpoint",),
-    "resumed at an unexpected step": ("resumed at an unexpected step",),
-    "ranks disagree": ("ranks disagree",),
-    "state not restored": ("state not restored",),
-    "final state differs": ("final state differs",),
-    "head loss: unexpected outcome": ("head loss: expected", "worker nodes after head loss:"),
-    "training stalled": ("training stalled",),
-    "did not resume": ("did not resume",),
-    "unrelated failure": ("unrelated failure",),
-    "retry budget exhausted": ("retry budget exhausted",),
-    "wrong budget charge": ("charged to the wrong budget class", "unexpected number of charged failures",
-                            "budget not exhausted"),
-    "recovery too slow": ("recovery too slow",),
-    "preemption window": ("no just-in-time checkpoint", "checkpoint inside the preemption window"),
-    "run failed": ("run failed", "run did not finish", "run did not fail cleanly"),
-    "unverifiable (missing evidence)": ("unverifiable: ", "inconclusive: "),
+def _literal(phrase: str) -> str:
+    """``phrase`` as a regex that Java, JavaScript and Python read alike."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", phrase)
+
+
+# The report's categories are the diagnoses' (chaos.verdicts.Diagnosis, in ReportCategory's
+# order: Allure puts a test in the first category that matches), then the harness's own
+# errors a test can break with.  Diagnoses match failed and broken tests alike (a fault that
+# could not be injected usually surfaces as an exception); whatever is broken and
+# undiagnosed is a harness error.
+HARNESS_ERRORS: dict[str, tuple[str, ...]] = {
     "workload did not start": ("the workload did not start training",),
     "injection failed": ("injection failed",),
-    "cleanup failed": ("cleanup failed",),
 }
+DIAGNOSES: dict[str, tuple[str, ...]] = {
+    category.value: report_phrases(category) for category in ReportCategory} | HARNESS_ERRORS
 CATEGORIES: list[dict] = [
-    {"name": name, "messageRegex": _containing(*phrases), "matchedStatuses": ["failed", "broken"]}
-    for name, phrases in DIAGNOSES.items()
+    {"name": name, "messageRegex": _containing(*map(_literal, phrases)), "matchedStatuses": ["failed", "broken"]}
+    for name, phrases in DIAGNOSES.items() if phrases
 ]
 CATEGORIES.append({"name": "harness error", "matchedStatuses": ["broken"]})
 

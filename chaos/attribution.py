@@ -1,6 +1,6 @@
 """Which injected fault caused each of Ray's failure decisions: by what failed, not by when.
 
-The within-budget verdict (chaos.verify) counts a fault's charge from the decision this
+The within-budget verdict (chaos.verdicts.budget) counts a fault's charge from the decision this
 module attributes to it; a decision no fault explains is an unrelated failure, and one tied
 to a fault by its timing alone is no evidence of the charge.  Reads only the timeline.
 """
@@ -173,17 +173,9 @@ def _read(f: _Failure, group: list[Event], uncertainty: float) -> _Reading:
     running = None if f.started is None else f.started <= group[0].t + uncertainty
     touches = (any(_on_target(f, r, targets, running) for r in f.placement) if f.placement and targets else None)
     reach = True if running or touches else (None if running is None and touches is None else False)
-    lost = sorted((f.types & set(LOSS_ERRORS)) | {_error_class(m) for m in f.errors.values()} & set(LOSS_ERRORS))
-    if lost:
-        rank = next((r for r, m in sorted(f.errors.items()) if _error_class(m) in LOSS_ERRORS), None)
-        who = f"{f.where(rank)} was lost ({_error_class(f.errors[rank])})" if rank else f"a rank was lost ({lost[0]})"
-        if reach is False:
-            return _Reading("other", f"{who} in attempt {a}, which began after the fault and ran nothing on its node "
-                            f"{nodes}", rank, _node_name(f.placement.get(rank)) if rank else None,
-                            _error_line(f.errors[rank]) if rank else None)
-        return _Reading("fault", f"{who}: the fault took a node or a process away", rank,
-                        _node_name(f.placement.get(rank)) if rank else None,
-                        _error_line(f.errors[rank]) if rank else None)
+    lost = _lost(f, group, targets, running, nodes, reach)
+    if lost is not None:
+        return lost
     if f.errors:
         own = {r: m for r, m in sorted(f.errors.items()) if not _is_peer(m)}
         if own:
@@ -220,6 +212,37 @@ def _read(f: _Failure, group: list[Event], uncertainty: float) -> _Reading:
     said = f"only the class(es) {', '.join(named)}, which do not say which rank failed" if named else \
         "no error class"
     return _Reading("unknown", f"Ray recorded no rank's error for attempt {a}'s failure and {said}")
+
+
+def _lost(f: _Failure, group: list[Event], targets: list[dict], running: bool | None, nodes: str,
+          reach: bool | None) -> _Reading | None:
+    """The reading of a failure where a rank or a node was lost, None where none was.  A
+    fault that takes a node or a process away explains a loss on any rank of an attempt it
+    could reach (a machine's every pod goes with it); one that leaves its node up (a CUDA
+    error inside a rank: ``detect_by`` "train") only a loss on its own node — another node's
+    actor death is not its doing (and a loss no rank's error places leaves the ranks' own
+    errors to decide)."""
+    a = f.decision.attempt
+    classes = (f.types & set(LOSS_ERRORS)) | {_error_class(m) for m in f.errors.values()} & set(LOSS_ERRORS)
+    if not classes:
+        return None
+    rank = next((r for r, m in sorted(f.errors.items()) if _error_class(m) in LOSS_ERRORS), None)
+    who = f"{f.where(rank)} was lost ({_error_class(f.errors[rank])})" if rank else f"a rank was lost ({min(classes)})"
+    node, error = (_node_name(f.placement.get(rank)), _error_line(f.errors[rank])) if rank else (None, None)
+    if group[0].data.get("detect_by") == "train":
+        if rank is None:
+            return None
+        on = _on_target(f, rank, targets, running)
+        if on is None:
+            return _Reading("unknown", f"{who}, and where it ran in attempt {a} was not recorded", rank, None, error)
+        if not on:
+            return _Reading("other", f"{who}, but the {group[0].data.get('fault')} fault takes no node away and hit "
+                            f"node {nodes}", rank, node, error)
+        return _Reading("fault", f"{who} on the fault's node", rank, node, error)
+    if reach is False:
+        return _Reading("other", f"{who} in attempt {a}, which began after the fault and ran nothing on its node "
+                        f"{nodes}", rank, node, error)
+    return _Reading("fault", f"{who}: the fault took a node or a process away", rank, node, error)
 
 
 def attribute(timeline: Timeline) -> Attribution:

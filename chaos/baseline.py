@@ -30,7 +30,8 @@ from chaos.errors import Aborted, ChaosError
 from chaos.report import Reporter
 from chaos.timeline import Timeline
 from chaos.train.run import RunSpec, reference_spec
-from chaos.verify import Baseline, Expectation, Verdict, final_states, trajectory_of
+from chaos.verdicts import Expect, Status, Verdict
+from chaos.verdicts.states import Baseline, final_states, trajectory_of
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def from_run(key: str, job_id: str | None, timeline, verdicts: list[Verdict]) ->
     base = Baseline(key, job_id=job_id, made_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     run_name=started.data.get("run_name") if started else None,
                     storage_path=started.data.get("storage_path") if started else None)
-    failing = [v for v in verdicts if v.status in ("fail", "unverifiable")]
+    failing = [v for v in verdicts if v.status in (Status.FAIL, Status.UNVERIFIABLE)]
     if failing:
         base.error = f"the fault-free run (job {job_id}) failed: " + "; ".join(v.message for v in failing)
         return base
@@ -233,7 +234,7 @@ def baseline_for(env, spec: RunSpec, faults: list, test_id: str, reporter: Repor
         try:
             with reporter.step(f"baseline {key}: a fault-free run of the same workload and seed"):
                 exp = Experiment(env, baseline_spec(spec, env.backend.storage_path, fault_env),
-                                 [], Expectation(), f"{test_id} (baseline)", reporter=quiet, judging=judging)
+                                 [], Expect(), f"{test_id} (baseline)", reporter=quiet, judging=judging)
                 outcome = exp.run()
         except Aborted:
             raise

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from chaos.errors import ChaosError
 from chaos.faults.catalog import limit_name
+from chaos.verdicts.status import Status
 
 TOLERANCE_S = 5.0  # a time difference smaller than this is never marked
 TOLERANCE_REL = 0.25  # ... nor one smaller than this share of the default's time
@@ -214,7 +215,7 @@ def _diagnosis(record: Mapping[str, Any]) -> str:
         return "no verdicts"
     # n/a is no finding (a claim that did not arise in this run, e.g. no step re-done: timing)
     parts = sorted({f"{v.get('name')}: {v.get('status')}" + (f" ({v['diagnosis']})" if v.get("diagnosis") else "")
-                    for v in verdicts if v.get("status") not in ("pass", "n/a")})
+                    for v in verdicts if v.get("status") not in (Status.PASS, Status.NOT_APPLICABLE)})
     return "; ".join(parts) or "none"
 
 

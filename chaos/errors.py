@@ -1,5 +1,8 @@
 """One exception hierarchy, so callers can tell a bad profile from a broken host."""
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class ChaosError(Exception):
     """Base of every error the harness raises on purpose."""
@@ -39,7 +42,7 @@ class VerificationError(ChaosError, AssertionError):
     (a failed test), not a broken harness.
     """
 
-    def __init__(self, message, verdicts=()):
+    def __init__(self, message: str, verdicts: Iterable[Any] = ()) -> None:
         super().__init__(message)
         self.verdicts = list(verdicts)
 

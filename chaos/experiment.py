@@ -36,8 +36,10 @@ from chaos.train.run import Run, RunSpec
 from chaos.transport.base import clock_offset
 from chaos.train.tape import ENV_TAPE_FILE
 from chaos.triggers import run_ended
-from chaos.verify import (Expectation, Verdict, check, did_not_end, did_not_resume, ended_before_fault, healed,
-                          verdicts_for)
+from chaos.verdicts import Expect, Status, Verdict, check, judge
+from chaos.verdicts.healed import healed
+from chaos.verdicts.progress import did_not_resume, ended_before_fault
+from chaos.verdicts.run_finished import did_not_end
 from chaos.waits import poll_until
 
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
@@ -148,7 +150,7 @@ class RunLost(ChaosError):
 
 class Experiment:
     def __init__(self, env: Environment, spec: RunSpec, faults: list[tuple[object, Fault | Correlated]],
-                 expect: Expectation, test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
+                 expect: Expect, test_id: str, reporter: Reporter | None = None, judging: Judging | None = None):
         self.env = env
         self.judging = judging or Judging()
         self.spec = spec
@@ -163,6 +165,8 @@ class Experiment:
         self._injections: list[Injection] = []
         self._group_of: dict[str, str] = {}  # ledger id -> group id, for a correlated fault's members
         self._run: Run | None = None
+        self._judged: list[Verdict] = []  # the verdicts judged from the timeline (rejudge replaces them)
+        self.finished = True  # the run ended by itself (False: stopped on a finding)
 
     def run(self) -> Outcome:
         env, r = self.env, self.reporter
@@ -250,7 +254,8 @@ class Experiment:
             self.timeline.guard = None
             self._collect_storage()
             with r.step("verify: verdicts from the timeline"):
-                verdicts.extend(verdicts_for(self.timeline, self.expect))
+                self._judged = judge(self.timeline, self.expect)
+                verdicts.extend(self._judged)
                 for v in verdicts:
                     r.say(v.line())
         except Finding as f:  # the run stalled or never resumed: stop it, judge what it did
@@ -272,7 +277,8 @@ class Experiment:
             if stopped:
                 self._collect_storage()
                 with r.step("verify: verdicts from what the run did before it stopped"):
-                    verdicts.extend(verdicts_for(self.timeline, self.expect, finished=False))
+                    self._judged = judge(self.timeline, self.expect, finished=False)
+                    verdicts.extend(self._judged)
                     if finding is not None:
                         verdicts.append(finding)
                     for v in verdicts:
@@ -285,11 +291,33 @@ class Experiment:
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
             self._attach(run, nodes_before, verdicts)
-            if env.tape:  # what the contract tier replays the tape against (tests/contract)
-                (self.dir / "judging.json").write_text(json.dumps(
-                    {"expectation": dataclasses.asdict(self.expect), "finished": not stopped}, default=str))
+            self.finished = not stopped
+            self._write_judging()
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                        self._injections)
+
+    def rejudge(self, expect: Expect) -> list[Verdict]:
+        """The run judged again with ``expect`` — a fault-free baseline made after it, which
+        a deterministic run that re-did too few steps needs (chaos.verdicts.state) — in place
+        of the verdicts judged from its timeline; what the waits found and the heal verdict stay."""
+        judged = {id(v) for v in getattr(self, "_judged", [])}
+        kept = [v for v in self.verdicts if id(v) not in judged]
+        self.expect = expect
+        with self.reporter.step("verify again: against the fault-free baseline"):
+            again = judge(self.timeline, expect, finished=self.finished)
+            for v in again:
+                self.reporter.say(v.line())
+        self.verdicts[:] = again + kept
+        self._judged = again
+        self.reporter.attach_json("verdicts (with the fault-free baseline)", [v.to_json() for v in self.verdicts])
+        self._write_judging()
+        return self.verdicts
+
+    def _write_judging(self) -> None:
+        """What the contract tier replays the tape against (tests/contract)."""
+        if self.env.tape:
+            (self.dir / "judging.json").write_text(json.dumps(
+                {"expectation": self.expect.to_json(), "finished": self.finished}, default=str))
 
     def _prepare_joined(self, ctx: FaultContext, joined: "queue.SimpleQueue[Node | None]") -> None:
         """Each worker node that joins during the run gets what the faults put on the hosts
@@ -616,7 +644,7 @@ class Experiment:
             for i, sub in enumerate(run.submissions):
                 r.attach_file("job log" + (f" (resubmission {i})" if i else ""), sub.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])
-            warnings = [v for v in verdicts if v.status == "warning"]
+            warnings = [v for v in verdicts if v.status is Status.WARNING]
             if warnings:  # shown on the test's page, though they do not fail it
                 r.parameter("warnings", "; ".join(f"{v.name}: {v.diagnosis}" for v in warnings))
                 r.attach_text("warnings", "\n".join(v.line() for v in warnings))

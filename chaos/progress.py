@@ -14,7 +14,8 @@ import time
 
 from chaos.errors import VerificationError
 from chaos.timeline import Event, latest_run
-from chaos.verify import Verdict, crash_loop, did_not_resume, stalled
+from chaos.verdicts import Verdict
+from chaos.verdicts.progress import crash_loop, did_not_resume, stalled
 
 STALL_FLOOR_S = 60.0
 STALL_FACTOR = 3.0  # times the longest silence the run has shown so far

@@ -30,7 +30,8 @@ from chaos.progress import CRASH_LOOP_FAILURES
 from chaos.ray_support import RayVersionError, check_supported
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
-from chaos.verify import STATE_RTOL, Expectation
+from chaos.verdicts import Diagnosis, Expect
+from chaos.verdicts.tolerance import STATE_RTOL
 
 log = logging.getLogger(__name__)
 
@@ -474,25 +475,6 @@ def _slot(config, offset: int) -> int | None:
 
 
 # -- what suites use ---------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Expect:
-    """What a suite says should happen.  What it leaves unset (None) follows from its faults:
-    the charge each one costs (its kind's budget class, or the profile's expected_budget)
-    and the SLOs of their kinds (the profile's, else --chaos-slo-detect/--chaos-slo-recover;
-    the strictest where kinds differ)."""
-
-    charged: dict[str, int] | None = None
-    budget_exhausted: bool = False
-    slo_detect_s: float | None = None
-    slo_recover_s: float | None = None
-    checkpoint_in_window: bool | None = None  # see Expectation: a preempted run's checkpoint in the window
-    final_state: bool = False  # compare the final state with a fault-free run's (chaos.baseline)
-    baseline: bool = False  # follow the run step by step against a fault-free run's (state-trajectory)
-    deterministic: bool | None = None  # see Expectation; None: what the workload declares
-    charge_outcomes: list[dict[str, int]] | None = None  # see Expectation: a node-recovery fault's measured charges
-    head_outcome: str | None = None  # see Expectation: what a head fault should do to the run
-
-
 @dataclasses.dataclass
 class Chaos:
     """The `chaos` fixture: build workloads, faults and expectations; run experiments."""
@@ -571,22 +553,20 @@ class Chaos:
 
         return Correlated.on_ranks(fault, ranks, start_timeout_s=start_timeout_s)
 
-    def expect(self, charged: dict[str, int] | None = None, budget_exhausted: bool = False,
-               slo_detect_s: float | None = None, slo_recover_s: float | None = None,
-               checkpoint_in_window: bool | None = None, final_state: bool = False,
-               deterministic: bool | None = None, charge_outcomes: list[dict[str, int]] | None = None,
-               baseline: bool = False, head_outcome: str | None = None) -> Expect:
-        """Override what the faults imply (see Expect), e.g. ``chaos.expect(budget_exhausted=True)``;
-        ``final_state=True`` also compares the run's final state with a fault-free run's;
-        ``baseline=True`` follows the run step by step against a fault-free run's (as --chaos-baseline);
-        ``deterministic=True`` makes a state value that does not reproduce a failure;
-        ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be seen;
-        ``head_outcome``: what a head fault should do to the run (default: what Ray was measured to do)."""
-        return Expect(charged, budget_exhausted, slo_detect_s, slo_recover_s, checkpoint_in_window, final_state,
-                      baseline, deterministic, charge_outcomes, head_outcome)
+    def expect(self, **fields) -> Expect:
+        """Override what the faults imply (chaos.verdicts.Expect, keyword-only), e.g.
+        ``chaos.expect(budget_exhausted=True)``; ``final_state=True`` also compares the run's
+        final state with a fault-free run's; ``baseline=True`` follows the run step by step
+        against a fault-free run's (as --chaos-baseline); ``deterministic=True`` makes a state
+        value that does not reproduce a failure; ``charge_outcomes``: the charges measured for an
+        ``xid`` fault, one of which must be seen; ``head_outcome``: what a head fault should do
+        to the run (default: what Ray was measured to do)."""
+        if "charge_outcomes" in fields and fields["charge_outcomes"] is not None:
+            fields["charge_outcomes"] = tuple(fields["charge_outcomes"])
+        return Expect(**fields)
 
-    def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expectation:
-        """``expect`` with its unset fields derived from ``faults`` and the profile."""
+    def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expect:
+        """``expect`` with its unset fields derived from ``faults``, the profile and the options."""
         profile = self.env.backend.profile
         kinds = sorted({f.kind for _, f in faults})
         charged = expect.charged
@@ -596,40 +576,45 @@ class Chaos:
             slos = [profile.slo_for(k) for k in kinds]
         else:
             slos = [(self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover"))]
-        detect = expect.slo_detect_s if expect.slo_detect_s is not None else min(d for d, _ in slos)
-        recover = expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos)
-        return Expectation(charged=charged, budget_exhausted=expect.budget_exhausted,
-                           slo_detect_s=detect, slo_recover_s=recover,
-                           checkpoint_in_window=expect.checkpoint_in_window, charge_outcomes=expect.charge_outcomes,
-                           head_outcome=expect.head_outcome,
-                           deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
-                           state_rtol=self._opt("chaos_state_rtol"))
+        return dataclasses.replace(
+            expect, charged=charged,
+            charge_by_kind=expect.charge_by_kind or {k: expected_charge(k, profile) for k in kinds},
+            slo_detect_s=expect.slo_detect_s if expect.slo_detect_s is not None else min(d for d, _ in slos),
+            slo_recover_s=expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos),
+            deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
+            baseline=expect.baseline or bool(self._opt("chaos_baseline")),
+            state_rtol=self._opt("chaos_state_rtol"))
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what
-        the faults imply."""
-        expect = expect or Expect()
-        expectation = self._expectation(expect, faults, workload)
+        the faults imply.  A fault-free baseline of the workload is made (or taken from the
+        cache) first where the suite compares with one, and after the run where a
+        deterministic run re-did too few steps to show its restored state (chaos.verdicts.state)."""
+        expectation = self._expectation(expect or Expect(), faults, workload)
         reporter = live_reporter(self.request.config)
         judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"), self._opt("chaos_crash_loop"))
-        exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,
-                         judging=judging)
-        self.experiments.append(exp)
         try:
-            trajectory = expect.baseline or self._opt("chaos_baseline")
-            if (expect.final_state or trajectory) and not self.env.dry_run:  # the fault-free run first, same cluster
-                from chaos.baseline import baseline_for
-
-                baseline = baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter, judging,
-                                        refresh=self._opt("chaos_refresh_baselines"))
-                expectation.final_state = baseline if expect.final_state else None
-                expectation.trajectory = baseline if trajectory else None
+            if (expectation.final_state or expectation.baseline) and not self.env.dry_run:  # same cluster, first
+                expectation = dataclasses.replace(expectation, reference=self._baseline(workload, faults, reporter,
+                                                                                          judging))
+            exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,
+                             judging=judging)
+            self.experiments.append(exp)
             outcome = exp.run()
+            if not self.env.dry_run and any(v.diagnosis is Diagnosis.TOO_FEW_REDONE for v in outcome.verdicts):
+                reference = expectation.reference or self._baseline(workload, faults, reporter, judging)
+                exp.rejudge(dataclasses.replace(expectation, baseline=True, reference=reference))
         except Aborted as e:
             pytest.skip(f"ABORTED (not failed): {e}")
         if self.env.dry_run:
             pytest.skip("dry run: targets resolved and printed, nothing injected")
         return outcome
+
+    def _baseline(self, workload: RunSpec, faults: list, reporter: Reporter, judging: Judging):
+        from chaos.baseline import baseline_for
+
+        return baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter, judging,
+                            refresh=self._opt("chaos_refresh_baselines"))
 
     @property
     def embedded(self):

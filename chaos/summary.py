@@ -29,10 +29,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from chaos import verify
 from chaos.errors import ChaosError
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS
 from chaos.timeline import Timeline, ettr, median, recovery_metrics, runs
+from chaos.verdicts.budget import charged as charged_by_the_faults
 
 DEFAULT_RECORDS = Path("reports/summary.d")
 DEFAULT_SUMMARY = Path("reports/summary.json")
@@ -51,7 +51,7 @@ def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
     """
     per_fault = recovery_metrics(timeline)
     charged = {cls: {"count": 0, "limit": failure_config.get(field)} for cls, field in BUDGET_LIMIT_FIELDS.items()}
-    for cls, last in verify.charged(timeline).items():  # the runs the faults hit, as within-budget counts
+    for cls, last in charged_by_the_faults(timeline).items():  # the runs the faults hit, as within-budget counts
         charged[cls] = {"count": last["count"], "limit": last["limit"]}
     lost = [m.steps_lost for m in per_fault if m.steps_lost is not None]
     return {

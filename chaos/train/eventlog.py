@@ -182,30 +182,33 @@ class EventLog:
                            why=f"the recorder could not write event(s) {first}..{last} of it (its log said why)")
 
     def drain(self, timeout_s: float = 10.0) -> str | None:
-        """Take whatever the log holds now, then stop (idempotent); a log out of reach is
-        looked for again for up to ``timeout_s``.  Returns why the rest of the log could not
-        be read, None when nothing is left unread: events the recorder wrote
-        and nobody read (a lost job's last checkpoint) are missing evidence, for the caller to
-        put on the timeline."""
+        """Take whatever the log holds now, then stop (idempotent); a log out of reach — or
+        never found — is looked for again for up to ``timeout_s``.  Returns why the rest of the
+        log could not be read (a log never found says so: none of its events was read), None
+        when nothing is left unread: events the recorder wrote and nobody read (a lost job's
+        last checkpoint) are missing evidence, for the caller to put on the timeline."""
         self._stop.set()
         # Never read beside the follower: its look in flight would take lines against the
         # position the drain moved on (events twice).  A look ends within its requests' timeouts.
         self._thread.join(timeout=FOLLOWER_STOP_S)
         if self.error is not None:
             return str(self.error)
-        if not self._found or self._drained:
+        if self._drained:
             return self.unread
         self._drained = True
         if self._thread.is_alive():
             self.unread = f"its follower was still reading {FOLLOWER_STOP_S:.0f} s after it was told to stop"
             return self.unread
+        if not self._found:  # looked for until now, never seen: one more search, then say so
+            self.node_id = None
 
         def read_to_the_end() -> tuple[bool, str]:
             try:
-                if self.node_id is None:  # lost with a head that came back as a new node: where now?
-                    self.node_id = self.locate()
+                if self.node_id is None:  # never found, or lost with a head that came back as a new node
+                    self.node_id = self._find() if not self._found else self.locate()
                     if self.node_id is None:
-                        return False, f"{self.directory} is on no alive node"
+                        return False, f"{self.directory} is on no alive node" + (
+                            "" if self._found else ": the log was never found, so none of its events was read")
                 while self._look():
                     pass
                 return True, ""

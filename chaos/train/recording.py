@@ -20,6 +20,11 @@ Facts per hook (``t``: the controller's clock when the hook ran):
                       carried a checkpoint: persisted by that rank, not yet committed)
   poll_preemption     preempted_ranks [rank] (when the ranks Train's preemption watcher names change)
   reported            checkpoint (path or None), metrics [one dict per rank, in worker order]
+
+A report event carries, besides every rank's step: ``step_refused`` (a step that was no
+number), ``checkpoint_after_step`` (a checkpoint reported without a step: the rank's last
+step before it), ``state_refused`` (a state value that was no number) and ``state_nonfinite``
+(a NaN or infinite one), each only where some rank has one.
 """
 
 from __future__ import annotations
@@ -76,6 +81,21 @@ def as_number(value: Any) -> int | float | None:
             return None
         return int(value) if value.is_integer() else value
     return int(value)
+
+
+def as_step(value: Any) -> tuple[int | float | None, str | None]:
+    """(a reported step as a number, or why it is none): numbers as ``as_number`` reads them,
+    and a string that spells one ("11") as that number; anything else is refused with what
+    it was, so the verdict can say the step was there but no number."""
+    number = as_number(value)
+    if number is not None or value is None:
+        return number, None
+    if isinstance(value, str):
+        try:
+            number = as_number(float(value.strip()))
+        except ValueError:
+            number = None
+    return (number, None) if number is not None else (None, f"{value!r} ({type(value).__name__})")
 
 
 def step_metric_names(spec: str) -> tuple[str, ...]:
@@ -187,7 +207,7 @@ class Recording:
         between leaves a checkpoint on storage that Ray never committed."""
         for rank, r in f["reports"].items():
             self._emit(t, "checkpoint_persisted", attempt=self.attempt, rank=int(rank),
-                       step=as_number(self._step_of(r["metrics"] or {})), checkpoint=r["checkpoint"])
+                       step=as_step(self._step_of(r["metrics"] or {}))[0], checkpoint=r["checkpoint"])
 
     # -- reports -----------------------------------------------------------------
     def _step_of(self, metrics: dict) -> Any:
@@ -196,42 +216,65 @@ class Recording:
         return metrics.get(self.step_metric) if self.step_metric else None
 
     def _reported(self, t: float, f: dict) -> None:
-        """One event per report round, with every rank's step (and state value)."""
+        """One event per report round, with every rank's step (and state value).  A checkpoint
+        reported without a step gets none: whether it holds the state after the rank's last
+        step or after the step whose metrics come next, only the verdicts can tell
+        (``checkpoint_after_step`` names the last one)."""
         metrics, checkpoint = f["metrics"], f["checkpoint"]
         ranks, without = self._reporting_ranks(len(metrics))
-        steps, sources, states, refused = {}, {}, {}, {}
+        steps, sources, states, extra = {}, {}, {}, _Extra()
         for rank, m in zip(ranks, metrics):
             m = m or {}
-            step = as_number(self._step_of(m))
-            source = "metric" if step is not None else None
+            step, refused = as_step(self._step_of(m))
+            steps[str(rank)], sources[str(rank)] = step, "metric" if step is not None else None
+            extra.add("step_refused", rank, refused)
             if step is None and checkpoint is not None and rank in self.last_step:
-                step, source = self.last_step[rank], "last reported"
+                extra.add("checkpoint_after_step", rank, self.last_step[rank])
             if step is not None:
                 self.last_step[rank] = step
-            steps[str(rank)], sources[str(rank)] = step, source
             if self.state_names:
-                value, why = self._state_of(m)
-                states[str(rank)] = value
-                if why:
-                    refused[str(rank)] = why
+                states[str(rank)], why, nonfinite = self._state_of(m)
+                extra.add("state_refused", rank, why)
+                extra.add("state_nonfinite", rank, nonfinite)
         first = str(ranks[0]) if ranks else None
-        extra: dict = {"state_metric": self.state_used} if self.state_names and self.state_metric != self.state_used \
-            else {}
-        if refused:
-            extra["state_refused"] = refused
+        if self.state_names and self.state_metric != self.state_used:
+            extra.data["state_metric"] = self.state_used
         if without:  # a survivors' round: the checkpoint it commits is the run's, the preempted ranks' too
-            extra["without_ranks"] = without
+            extra.data["without_ranks"] = without
         self._emit(t, "report", attempt=self.attempt, step=steps.get(first), steps=steps, step_sources=sources,
                    step_metric=self.step_metric, states=states or None, checkpoint=checkpoint,
-                   metrics=_scalar_metrics(metrics[0] if metrics else {}), **extra)
+                   metrics=_scalar_metrics(metrics[0] if metrics else {}), **extra.data)
 
-    def _state_of(self, metrics: dict) -> tuple[Any, str | None]:
-        """(the rank's state value, why a reported one was refused): a state metric that is
-        not a number is refused with its type, never silently dropped."""
+    def _state_of(self, metrics: dict) -> tuple[Any, str | None, str | None]:
+        """(the rank's state value, why a reported one was refused, a value that is a number but
+        not finite): a state metric that is no number is refused with its type, never silently
+        dropped; a NaN or infinite loss (an fp16 step) is a number, left out of comparisons."""
         if self.state_used is None:
             self.state_used = next((n for n in self.state_names if n in metrics), None)
         if self.state_used is None or metrics.get(self.state_used) is None:
-            return None, None
+            return None, None, None
         raw = metrics[self.state_used]
         value = as_number(raw)
-        return value, None if value is not None else f"{self.state_used} = {raw!r} ({type(raw).__name__})"
+        if value is not None:
+            return value, None, None
+        if isinstance(raw, float) or (hasattr(raw, "item") and isinstance(_item(raw), float)):
+            return None, None, str(_item(raw))
+        return None, f"{self.state_used} = {raw!r} ({type(raw).__name__})", None
+
+
+def _item(value: Any) -> Any:
+    try:
+        return value.item() if hasattr(value, "item") else value
+    except (TypeError, ValueError):
+        return value
+
+
+class _Extra:
+    """A report's optional per-rank fields, present only where some rank has one."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def add(self, field: str, rank: Any, value: Any) -> None:
+        if value is not None:
+            self.data.setdefault(field, {})[str(rank)] = value

@@ -44,7 +44,7 @@ class RunSpec:
     working_dir: str | None = None
     step_metric: str = "auto"  # "auto" or comma-separated names (chaos.train.recording.step_metric_names)
     state_metric: str | None = None  # a per-step value a correct restore reproduces ("auto": the loss)
-    deterministic: bool = False  # the same state at the same step gives the same metrics (verify.Expectation)
+    deterministic: bool = False  # the same state at the same step gives the same metrics (chaos.verdicts.Expect)
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
     runtime_env: dict = dataclasses.field(default_factory=dict)  # the user's own fields (pip, excludes, ...)
     params: dict = dataclasses.field(default_factory=dict)  # for reports only

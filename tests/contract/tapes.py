@@ -22,7 +22,7 @@ import ray
 
 from chaos.timeline import Event, Timeline
 from chaos.train import tape
-from chaos.verify import Expectation
+from chaos.verdicts import Expect
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_SCHEMA = 1
@@ -106,9 +106,10 @@ class Fixture:
         timeline.clock_uncertainty = max(0.05, offset["rtt_s"])
         return timeline
 
-    def expectation(self) -> Expectation:
-        e = {k: v for k, v in self.data["expectation"].items() if k != "final_state"}
-        return Expectation(**e)
+    def expectation(self) -> Expect:
+        """What the session expected (its final-state comparison left out: that baseline is
+        another run's)."""
+        return Expect.from_json({k: v for k, v in self.data["expectation"].items() if k != "final_state"})
 
     @property
     def finished(self) -> bool:

@@ -12,7 +12,7 @@ import re
 import pytest
 
 import tapes
-from chaos.verify import verdicts_for
+from chaos.verdicts import judge
 
 RESUMED = "right after the latest checkpoint"
 
@@ -183,7 +183,7 @@ def test_fixture_is_current(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_replayed_verdicts(name):
     fixture = tapes.Fixture(name)
-    verdicts = verdicts_for(fixture.timeline(), fixture.expectation(), finished=fixture.finished)
+    verdicts = judge(fixture.timeline(), fixture.expectation(), finished=fixture.finished)
     lines = "\n".join(v.line() for v in verdicts)
     for prefix, (status, phrase) in EXPECTED[name].items():
         matching = [v for v in verdicts if v.name.startswith(prefix)]

@@ -65,7 +65,7 @@ def test_no_ray_connection_leaves_loopback(cluster):
         except psutil.Error:
             continue
         for c in conns:
-            if c.raddr and not ipaddress.ip_address(c.raddr.ip.removeprefix("::ffff:")) in loopback:
+            if c.raddr and ipaddress.ip_address(c.raddr.ip.removeprefix("::ffff:")) not in loopback:
                 outside.append((pid, c.raddr))
     assert not outside, f"Ray connections to non-loopback addresses: {outside}"
     assert cluster_pids(cluster), "found no cluster processes to check"

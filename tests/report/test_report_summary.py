@@ -56,7 +56,7 @@ def test_charged_counts_the_run_the_faults_hit_as_within_budget_does():
     _sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "unit"))
     from timelines import Script
 
-    from chaos.verify import charged
+    from chaos.verdicts.budget import charged
 
     s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 22)
     s.fault().decision().start_attempt().steps(21, 30).finish()

@@ -7,11 +7,12 @@ node n<rank> (127.0.1.<rank + 2>) in every attempt of a ``Script``.
 
 from chaos.timeline import Event
 from chaos.attribution import attribute
-from chaos.verify import Expectation, within_budget
+from chaos.verdicts import Expect
+from chaos.verdicts.budget import within_budget
 from timelines import Script
 
-EXPECT_ONE = Expectation(charged={"worker_group": 1})
-EXPECT_PREEMPTION = Expectation(charged={"preemption": 1})
+EXPECT_ONE = Expect(charged={"worker_group": 1})
+EXPECT_PREEMPTION = Expect(charged={"preemption": 1})
 # what the recorder taped on real runs (tests/contract/fixtures), shortened
 GLOO_PEER = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
              "by peer [127.0.1.3]:396. This is typically caused by a remote worker crashing.")
@@ -209,10 +210,10 @@ def test_the_race_moves_only_the_hard_deletes_own_charges_never_the_count():
         fails(s.fault(kind="pod-delete"), {1: HEALTH}, budget_class=cls, limit=None)
         s.start_attempt().steps(11, 14)
     tl = s.finish().timeline()
-    assert within_budget(tl, Expectation(charged={"worker_group": 2})).status == "pass"
-    v = within_budget(tl, Expectation(charged={"worker_group": 3}))
+    assert within_budget(tl, Expect(charged={"worker_group": 2})).status == "pass"
+    v = within_budget(tl, Expect(charged={"worker_group": 3}))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
-    v = within_budget(tl, Expectation(charged={"preemption": 2}))
+    v = within_budget(tl, Expect(charged={"preemption": 2}))
     assert v.status == "fail", v.line()
 
 
@@ -242,10 +243,10 @@ def test_twin_the_same_decision_with_the_ranks_errors_passes():
 
 def test_an_expected_exhaustion_claimed_by_time_only_is_unverifiable_not_expected():
     tl = bare(max_failures=0).finish("ERRORED").timeline()
-    v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    v = within_budget(tl, Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no failure evidence", v.line()
     tl = bare(worker_error={1: HEALTH}, max_failures=0).finish("ERRORED").timeline()
-    assert within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True)).status == "expected"
+    assert within_budget(tl, Expect(charged={"worker_group": 1}, budget_exhausted=True)).status == "expected"
 
 
 def test_a_rank_error_without_the_attempts_placement_cannot_be_placed():
@@ -302,11 +303,11 @@ def xid(second):
 
 
 def test_a_crash_elsewhere_inside_an_xids_window_is_unrelated_not_the_platforms():
-    v = within_budget(xid({0: CRASH}), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    v = within_budget(xid({0: CRASH}), Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.diagnosis == "unrelated failure", v.line()
     assert v.evidence["charged_by_node_recovery_faults"] == {"worker_group": 1}
     # twin: the restart landed on the dead GPU again: both failures are the xid's
-    v = within_budget(xid({1: CUDA}), Expectation(charge_outcomes=[{"worker_group": 2}]))
+    v = within_budget(xid({1: CUDA}), Expect(charge_outcomes=[{"worker_group": 2}]))
     assert v.status == "pass" and v.evidence["charged_by_node_recovery_faults"] == {"worker_group": 2}, v.line()
 
 

@@ -398,7 +398,7 @@ USER = user_spec("python train.py", "t-1", working_dir="/tmp")
 
 
 def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
-    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": 1e-4}
+    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": 1e-4, "chaos_baseline": False}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
     request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
     return Chaos(env, request)
@@ -416,6 +416,7 @@ def test_expectation_reads_the_profiles_slos_and_budget_per_kind():
     chaos = chaos_with(p)
     e = chaos._expectation(chaos.expect(), [(None, RayletKill()), (None, CudaFault(shim_path="/x"))], USER)
     assert e.charged == {"preemption": 1, "worker_group": 1}
+    assert e.charge_by_kind == {"cuda": "worker_group", "raylet-kill": "preemption"}  # each fault's own class
     assert (e.slo_detect_s, e.slo_recover_s) == (5, 40)  # the strictest of the kinds'
 
 
@@ -562,7 +563,7 @@ def test_a_worker_node_that_joins_during_the_run_gets_the_shim_before_a_fault_is
     from chaos.shim import build
     from chaos.timeline import Timeline
     from chaos.triggers import AfterCheckpoint
-    from chaos.verify import Expectation
+    from chaos.verdicts import Expect
 
     monkeypatch.setattr(build, "REMOTE_ROOT", str(tmp_path / "remote"))
     b = LocalHosts()
@@ -582,7 +583,7 @@ def test_a_worker_node_that_joins_during_the_run_gets_the_shim_before_a_fault_is
     assert joined.empty(), "the head gets nothing: it runs no rank"
 
     env = Environment(backend=b, ledger=Ledger(tmp_path / "ledger.jsonl"), out_dir=tmp_path)
-    exp = Experiment(env, spec=None, faults=[(AfterCheckpoint(2), fault)], expect=Expectation(), test_id="t::join")
+    exp = Experiment(env, spec=None, faults=[(AfterCheckpoint(2), fault)], expect=Expect(), test_id="t::join")
     said = []
     exp.reporter.say = said.append
     joined.put(W3)

@@ -18,7 +18,7 @@ import pytest
 from chaos import canary, summary
 from chaos.ray_support import unsupported_reason
 from chaos.timeline import recovery_metrics
-from chaos.verify import Verdict
+from chaos.verdicts import Diagnosis, Verdict
 from timelines import Script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,12 +182,12 @@ def test_unlimited_and_unmeasured_budgets(tmp_path):
 
 
 def test_backends_are_kept_apart_and_cells_escaped(tmp_path):
-    pipe = [Verdict("within-budget", "fail", "x", "charged a|b")]
+    pipe = [Verdict("within|budget", "fail", "x", Diagnosis.WRONG_BUDGET_CLASS)]
     a = session(tmp_path, "a", record(RAYLET, recovered(), PASSED, backend="embedded-namespaces"))
     b = session(tmp_path, "b", record(RAYLET, recovered(), pipe, backend="profile:staging"))
     entries = canary.compare(a, b)
     assert [(e.backend, e.only_in) for e in entries] == [("embedded-namespaces", "default"), ("profile:staging", "canary")]
-    assert "within-budget: fail (charged a\\|b)" in canary.table(a, b)
+    assert "within\\|budget: fail (charged to the wrong budget class)" in canary.table(a, b)
 
 
 def test_a_file_that_is_no_session_summary_is_refused(tmp_path):

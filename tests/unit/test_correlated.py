@@ -15,7 +15,9 @@ from chaos.report import Reporter
 from chaos.safety import LiveFaults, TargetRefused
 from chaos.summary import metrics_for
 from chaos.timeline import Event, Timeline, fault_groups, recovery_metrics
-from chaos.verify import Expectation, recovery_time, within_budget
+from chaos.verdicts import Expect
+from chaos.verdicts.recovery import recovery_time
+from chaos.verdicts.budget import within_budget
 from timelines import Script
 
 
@@ -74,7 +76,7 @@ def placement(ranks=3):
 def experiment(tmp_path, backend, lines):
     """An experiment whose timeline already holds attempt 0's placement, and its fault context."""
     env = Environment(backend=backend, ledger=Ledger(tmp_path / "ledger.jsonl"), out_dir=tmp_path)
-    exp = Experiment(env, spec=None, faults=[], expect=Expectation(), test_id="t::correlated",
+    exp = Experiment(env, spec=None, faults=[], expect=Expect(), test_id="t::correlated",
                      reporter=Reporter(echo=lines.append))
     exp.timeline = placement()
     return exp, FaultContext(None, exp.timeline, backend)
@@ -221,9 +223,9 @@ def test_a_correlated_fault_is_one_recovery_and_one_charge():
     assert m.recovered_attempt == 1 and m.steps_lost == 2 and m.inject_took == pytest.approx(0.05)
     metrics = metrics_for(tl, {"max_failures": 3})
     assert len(metrics["faults"]) == 1 and metrics["charged"]["worker_group"]["count"] == 1
-    [verdict] = recovery_time(tl, Expectation(slo_detect_s=30, slo_recover_s=120))
+    [verdict] = recovery_time(tl, Expect(slo_detect_s=30, slo_recover_s=120))
     assert verdict.name == "recovery-time (fault 1)" and verdict.status == "pass"
-    budget = within_budget(tl, Expectation(charged={"worker_group": 1}))
+    budget = within_budget(tl, Expect(charged={"worker_group": 1}))
     assert budget.status == "pass", budget.message
     # the group claims the decision as one fault (not its last member alone)
     assert {k: len(v) for k, v in budget.evidence["attributed"].items()} == {"g1": 1}, budget.evidence

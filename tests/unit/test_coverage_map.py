@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import verify
+from chaos.verdicts import Diagnosis
 from chaos.faults.catalog import BUDGET_CLASSES, KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,8 @@ DOC = ROOT / "docs" / "testing.md"
 SECTIONS = {
     "Fault kinds": tuple(KINDS),
     "Budget classes": BUDGET_CLASSES,
-    "Diagnoses": verify.DIAGNOSES,
+    "Diagnoses": tuple(d.value for d in Diagnosis),
+    "Reporting shapes": tuple(str(n) for n in range(1, 17)),  # issue 44's shapes, each with its tests
 }
 # chaos/pytest_plugin.py deselects chaos and soak tests unless -m names them: this names
 # both and still selects everything.
@@ -123,50 +124,46 @@ def _name(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ast.unparse(node)
 
 
-def _texts(node: ast.AST | None) -> list[str]:
-    """What a diagnosis expression can be: a literal, either branch of a conditional, an
-    f-string with <field> for its values; anything else is computed (listed by hand)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, ast.IfExp):
-        return _texts(node.body) + _texts(node.orelse)
-    if isinstance(node, ast.JoinedStr):
-        return ["".join(v.value if isinstance(v, ast.Constant) else f"<{_name(v.value)}>" for v in node.values)]
-    return []
-
-
-def written_diagnoses() -> dict[str, str]:
-    """Diagnosis -> where chaos/ writes it: the ``diagnosis`` of every Verdict and per-rank
-    judgement (whose diagnosis the resume verdict takes) not built as a pass, and every
-    value assigned to a name ``diagnosis``."""
-    classes = {"Verdict": verify.Verdict, "_RankJudgement": verify._RankJudgement}
+def diagnoses_used() -> dict[str, str]:
+    """Diagnosis member -> where chaos/ first gives it (``Diagnosis.NAME``)."""
     found: dict[str, str] = {}
     for path in sorted((ROOT / "chaos").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and _name(node.func) in classes:
-                fields = [f.name for f in dataclasses.fields(classes[_name(node.func)])]
-                args = dict(zip(fields, node.args)) | {k.arg: k.value for k in node.keywords}
-                status = args.get("status")
-                if isinstance(status, ast.Constant) and status.value in ("pass", "n/a"):
-                    continue
-                value = args.get("diagnosis")
-            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "diagnosis"
-                                                      for t in node.targets):
-                value = node.value
-            else:
-                continue
-            for text in _texts(value):
-                found.setdefault(text, f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Diagnosis":
+                found.setdefault(node.attr, f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
 
 
-def test_every_diagnosis_a_verdict_gives_is_listed():
-    written = written_diagnoses()
-    # a search that stopped finding them would pass on nothing
-    assert "restarted from scratch" in written and "head loss: <outcome>" in written, written
-    unlisted = {text: where for text, where in written.items() if text not in verify.DIAGNOSES}
-    assert not unlisted, ("diagnoses missing from DIAGNOSES in chaos/verify.py (then give each its row in "
-                          f"docs/testing.md): {unlisted}")
+def test_every_diagnosis_is_given_somewhere_and_none_is_spelt_by_hand():
+    """The enum is the one spelling: each member is given by some verdict (none dead), and no
+    verdict in chaos/ passes a diagnosis as a string."""
+    used = diagnoses_used()
+    assert "RESTARTED_FROM_SCRATCH" in used and "HEAD_LOSS_OUTCOME" in used, used  # a search that found none
+    dead = [d.name for d in Diagnosis if d.name not in used]
+    assert not dead, f"diagnoses no verdict gives (remove them, or give them): {dead}"
+    by_hand = []
+    for path in sorted((ROOT / "chaos").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _name(node.func) in ("Verdict", "Judgement"):
+                given = node.args[3] if len(node.args) > 3 else next(
+                    (k.value for k in node.keywords if k.arg == "diagnosis"), None)
+                if isinstance(given, (ast.Constant, ast.JoinedStr)) and getattr(given, "value", "") is not None:
+                    by_hand.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not by_hand, f"a diagnosis spelt as a string, not a chaos.verdicts.Diagnosis: {by_hand}"
+
+
+def test_each_diagnosis_row_says_what_the_enum_says(rows):
+    """A diagnosis row's verdict and meaning columns are the enum's (chaos/verdicts/diagnosis.py):
+    edit them there and copy the row, or the map drifts from the code."""
+    cells = {}
+    for n, line in enumerate(DOC.read_text().splitlines(), 1):
+        m = re.match(r"\|\s*`([^`]+)`\s*\|([^|]*)\|([^|]*)\|", line)
+        if m and m[1] in {d.value for d in Diagnosis}:
+            cells[m[1]] = (m[2].strip(), m[3].strip(), n)
+    wrong = [f"line {n}: `{d.value}` | {', '.join(d.verdicts)} | {d.doc} |"
+             for d in Diagnosis if d.value in cells
+             for verdicts, doc, n in [cells[d.value]] if (verdicts, doc) != (", ".join(d.verdicts), d.doc)]
+    assert not wrong, "docs/testing.md's diagnosis rows should begin:\n" + "\n".join(wrong)
 
 
 def test_every_mapped_test_is_collected(rows, collected):

@@ -117,6 +117,25 @@ def test_twin_a_log_not_there_yet_is_waited_for_not_an_error():
     assert log.error is None and steps(tl) == [1]
 
 
+def test_a_drain_of_a_log_never_found_says_none_of_it_was_read():
+    """A log no node ever held (a lost job's, whose controller never wrote it, or on a node
+    gone before it was found): the drain must not answer "nothing unread"."""
+    tl, c = Timeline(), FakeCluster({})
+    log = reader(c, tl)
+    unread = log.drain(timeout_s=0.5)
+    assert unread is not None and "was never found, so none of its events was read" in unread, unread
+    assert log.drain(timeout_s=0.5) == unread  # idempotent
+
+
+def test_twin_a_log_found_only_at_the_drain_is_read_whole():
+    tl, c = Timeline(), FakeCluster({})
+    log = EventLog(c, "run-1", tl)
+    log._stop.set()  # the follower ends before its first look: only the drain's own search finds it
+    log.start()
+    c.files[chunk(0)] = line(1) + line(2)
+    assert log.drain(timeout_s=5) is None and steps(tl) == [1, 2]
+
+
 def test_twin_losing_the_log_is_no_error_where_the_head_may_go():
     """A head fault: the log out of reach while the head is away, found again when it is back."""
     tl, c = Timeline(), FakeCluster({chunk(0): line(1)})

@@ -17,9 +17,13 @@ from chaos.train import recorder
 from chaos.train.channel import CHUNK_LINES, chunk_name
 from chaos.train.eventlog import EventLog
 from chaos.train.recorder import EventsLogWriter
-from chaos.verify import DIAGNOSES, Expectation, resumed_from_latest, within_budget
+from chaos.verdicts import Diagnosis, Expect
+from chaos.verdicts.resume import resumed_from_latest
+from chaos.verdicts.budget import within_budget
 from test_eventlog import FakeCluster
 from timelines import Script
+
+DET = Expect(deterministic=True)  # the old verdict functions' default
 
 LOST = "unverifiable: events lost"
 
@@ -78,7 +82,7 @@ def test_the_writer_numbers_every_event_and_spends_the_number_of_one_it_could_no
 def test_a_later_fit_continues_the_log_where_the_earlier_one_left_it(tmp_path):
     """A warm-up fit() and the faulted one: two controllers, two writers, one log — numbered on,
     each file filled to CHUNK_LINES lines, so the reader follows it to the end."""
-    first, events = EventsLogWriter(str(tmp_path)), []
+    first = EventsLogWriter(str(tmp_path))
     for i in range(30):
         first.append({"t": float(i), "source": "recorder", "kind": "report", "data": {"step": i}})
     second = EventsLogWriter(str(tmp_path))
@@ -118,20 +122,20 @@ def test_a_lost_commit_never_lets_a_restore_of_the_checkpoint_before_it_pass(tmp
     tl = through_the_log(restart(5), tmp_path, monkeypatch, lose=commit(10))
     [gap] = tl.of("events_lost")
     assert gap.data["seqs"][0] == gap.data["seqs"][1] and gap.data["job_id"] == "job-1"
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "unverifiable" and v.diagnosis == LOST, v.line()
     assert v.message.startswith(f"{LOST}: the recorder could not write events {gap.data['seqs'][0]}.."), v.line()
     assert "so a checkpoint committed after step 5 would be missing" in v.message, v.line()
     assert v.evidence["judged_on_what_was_read"]["status"] == "pass"  # what it would have said
-    [twin] = resumed_from_latest(through_the_log(restart(5), tmp_path / "twin", monkeypatch))
+    [twin] = resumed_from_latest(through_the_log(restart(5), tmp_path / "twin", monkeypatch), DET)
     assert twin.status == "fail" and twin.diagnosis == "resumed from an older checkpoint", twin.line()
 
 
 def test_a_right_resume_after_a_lost_commit_is_unverifiable_not_a_resume_past_it(tmp_path, monkeypatch):
-    [v] = resumed_from_latest(through_the_log(restart(10), tmp_path, monkeypatch, lose=commit(10)))
+    [v] = resumed_from_latest(through_the_log(restart(10), tmp_path, monkeypatch, lose=commit(10)), DET)
     assert v.status == "unverifiable" and v.diagnosis == LOST, v.line()
     assert v.evidence["judged_on_what_was_read"]["message"].startswith("resumed past the checkpoint")
-    [twin] = resumed_from_latest(through_the_log(restart(10), tmp_path / "twin", monkeypatch))
+    [twin] = resumed_from_latest(through_the_log(restart(10), tmp_path / "twin", monkeypatch), DET)
     assert twin.status == "pass", twin.line()
 
 
@@ -139,11 +143,11 @@ def test_a_lost_first_report_never_hides_a_checkpoint_step_trained_again(tmp_pat
     """Buggy: attempt 1 trains checkpoint step 10 again (first report 10).  With that report
     lost, its first report read is 11: right after checkpoint 10, it looked."""
     tl = through_the_log(restart(9), tmp_path, monkeypatch, lose=report(10, attempt=1))
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "unverifiable" and v.diagnosis == LOST, v.line()
     assert "so attempt 1's first report would be missing" in v.message, v.line()
     assert v.evidence["judged_on_what_was_read"]["status"] == "pass"
-    [twin] = resumed_from_latest(through_the_log(restart(9), tmp_path / "twin", monkeypatch))
+    [twin] = resumed_from_latest(through_the_log(restart(9), tmp_path / "twin", monkeypatch), DET)
     assert twin.status == "fail" and twin.diagnosis == "resumed from an older checkpoint", twin.line()
     assert "steps 10..10 were trained again" in twin.message, twin.line()
 
@@ -152,13 +156,13 @@ def test_what_events_lost_cannot_undo_still_fails(tmp_path, monkeypatch):
     """A fresh start, or ranks that began one report round at different steps, stay failures
     whatever was lost; a resume past the seen checkpoint does not (the lost report may be
     where the attempt began)."""
-    [v] = resumed_from_latest(through_the_log(restart(0), tmp_path, monkeypatch, lose=commit(10)))
+    [v] = resumed_from_latest(through_the_log(restart(0), tmp_path, monkeypatch, lose=commit(10)), DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
     disagree = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
                 .steps(11, 20, rank_step=lambda r, s: s - 1 if r == 1 else s).finish())
-    [v] = resumed_from_latest(through_the_log(disagree, tmp_path / "a", monkeypatch, lose=report(12, attempt=0)))
+    [v] = resumed_from_latest(through_the_log(disagree, tmp_path / "a", monkeypatch, lose=report(12, attempt=0)), DET)
     assert v.status == "fail" and v.diagnosis == "ranks disagree", v.line()
-    [v] = resumed_from_latest(through_the_log(disagree, tmp_path / "b", monkeypatch, lose=report(11, attempt=1)))
+    [v] = resumed_from_latest(through_the_log(disagree, tmp_path / "b", monkeypatch, lose=report(11, attempt=1)), DET)
     assert v.status == "unverifiable" and v.diagnosis == LOST, v.line()
     assert v.evidence["judged_on_what_was_read"]["message"].startswith("resumed past the checkpoint")
 
@@ -169,14 +173,14 @@ def test_twin_events_lost_where_they_cannot_matter_leave_the_verdict_as_it_was(t
     for i, lose in enumerate((report(7, attempt=0), report(13, attempt=1))):
         tl = through_the_log(restart(10), tmp_path / f"right{i}", monkeypatch, lose=lose)
         assert tl.of("events_lost")
-        [v] = resumed_from_latest(tl)
+        [v] = resumed_from_latest(tl, DET)
         assert v.status == "pass", v.line()
-        [wrong] = resumed_from_latest(through_the_log(restart(5), tmp_path / f"wrong{i}", monkeypatch, lose=lose))
+        [wrong] = resumed_from_latest(through_the_log(restart(5), tmp_path / f"wrong{i}", monkeypatch, lose=lose), DET)
         assert wrong.status == "fail" and wrong.diagnosis == "resumed from an older checkpoint", wrong.line()
 
 
 def test_a_lost_failure_decision_makes_the_charges_unverifiable(tmp_path, monkeypatch):
-    expect = Expectation(charged={"worker_group": 1}, slo_detect_s=30, slo_recover_s=120)
+    expect = Expect(charged={"worker_group": 1}, slo_detect_s=30, slo_recover_s=120)
     tl = through_the_log(restart(10), tmp_path, monkeypatch, lose=lambda e: e.kind == "failure_decision")
     v = within_budget(tl, expect)
     assert v.status == "unverifiable" and v.diagnosis == LOST, v.line()
@@ -186,7 +190,7 @@ def test_a_lost_failure_decision_makes_the_charges_unverifiable(tmp_path, monkey
 
 
 def test_events_lost_is_a_diagnosis():
-    assert LOST in DIAGNOSES
+    assert Diagnosis(LOST) is Diagnosis.EVENTS_LOST
 
 
 def test_an_exhaustion_or_its_absence_is_unverifiable_with_events_lost(tmp_path, monkeypatch):
@@ -194,7 +198,7 @@ def test_an_exhaustion_or_its_absence_is_unverifiable_with_events_lost(tmp_path,
     lost events explain, so unverifiable, not a failure; an exhaustion read with a report lost
     before it is unverifiable too (an unrelated failure's decision may be what was lost).  A
     charge to the wrong class, read, stays a failure whatever was lost."""
-    expect = Expectation(charged={"worker_group": 1}, budget_exhausted=True)
+    expect = Expect(charged={"worker_group": 1}, budget_exhausted=True)
     exhausted = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED")
     for i, lose in enumerate((lambda e: e.kind == "failure_decision", report(3, attempt=0))):
         v = within_budget(through_the_log(exhausted, tmp_path / str(i), monkeypatch, lose=lose), expect)
@@ -204,5 +208,5 @@ def test_an_exhaustion_or_its_absence_is_unverifiable_with_events_lost(tmp_path,
     wrong = (Script().start_attempt().steps(1, 12).fault().decision(budget_class="preemption", limit=None)
              .start_attempt().steps(11, 20).finish())
     v = within_budget(through_the_log(wrong, tmp_path / "wrong", monkeypatch, lose=report(4, attempt=0)),
-                      Expectation(charged={"worker_group": 1}))
+                      Expect(charged={"worker_group": 1}))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()

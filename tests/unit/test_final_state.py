@@ -1,5 +1,6 @@
 """The final-state verdict and its fault-free baselines, on recorded timelines."""
 
+import dataclasses
 import json
 import sys
 
@@ -8,10 +9,12 @@ import pytest
 from chaos.baseline import BaselineCache, baseline_spec, cache_key, from_run
 from chaos.errors import VerificationError
 from chaos.train.run import reference_spec, user_spec
-from chaos.verify import Baseline, Expectation, Verdict, check, final_state_matches, final_states, verdicts_for
+from chaos.verdicts import Baseline, check, Expect, judge, Verdict
+from chaos.verdicts.final_state import final_state_matches
+from chaos.verdicts.states import final_states
 from timelines import Script
 
-EXPECT_ONE = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
+EXPECT_ONE = Expect(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
 
 
 def loss(rank, step):
@@ -61,7 +64,7 @@ def test_equal_final_state_passes():
 def test_restart_that_restored_the_step_but_not_the_optimizer_fails_naming_rank_step_and_values():
     # The resume verdict passes (attempt 1 began at step 11), but the state went another way.
     tl = faulted(lineage_after_restart="b").timeline()
-    verdicts = verdicts_for(tl, Expectation(**{**EXPECT_ONE.__dict__, "final_state": baseline_of(fault_free())}))
+    verdicts = judge(tl, dataclasses.replace(EXPECT_ONE, final_state=True, reference=baseline_of(fault_free())))
     resume = next(v for v in verdicts if v.name.startswith("resumed-from-latest"))
     assert resume.status == "pass"
     [v] = [v for v in verdicts if v.name == "final-state"]
@@ -105,7 +108,7 @@ def test_an_unfinished_run_is_unverifiable():
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: run did not finish"
     assert "it ended ERRORED" in v.message
     stopped = with_digests(Script(state_metric="loss").start_attempt().steps(1, 12, state=loss), lambda a: "a")
-    verdicts = verdicts_for(stopped.timeline(), Expectation(final_state=baseline_of(fault_free())), finished=False)
+    verdicts = judge(stopped.timeline(), Expect(final_state=True, reference=baseline_of(fault_free())), finished=False)
     [v] = [v for v in verdicts if v.name == "final-state"]
     assert v.status == "unverifiable" and "no final controller state was recorded" in v.message
 
@@ -127,7 +130,7 @@ def test_a_baseline_that_shared_the_runs_train_run_is_no_baseline():
 
 
 def test_the_verdict_is_opt_in():
-    assert not [v for v in verdicts_for(faulted().timeline(), EXPECT_ONE) if v.name == "final-state"]
+    assert not [v for v in judge(faulted().timeline(), EXPECT_ONE) if v.name == "final-state"]
 
 
 # -- the baseline cache ----------------------------------------------------------------

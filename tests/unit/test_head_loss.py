@@ -4,11 +4,9 @@ event log while the head is away — and the real Redis the GCS fault tolerance 
 
 import shutil
 import socket
-import subprocess
 import threading
 import types
 
-import psutil
 import pytest
 
 from chaos.embedded.redis import RedisServer, ping, redis_binary
@@ -16,11 +14,15 @@ from chaos.errors import ClusterError
 from chaos.faults.base import FaultContext, Injection
 from chaos.faults.head import FATES, OUTCOMES, GcsKill, HeadReboot, RedisRestart
 from chaos.plot import plot_data
-from chaos.timeline import Event, Timeline, recovery_metrics
+from chaos.timeline import Timeline, recovery_metrics
 from chaos.train.run import Run, RunSpec, continuation, continued_at
-from chaos.verify import (DIAGNOSES, Expectation, head_loss_outcome, recovery_time, resumed_from_latest,
-                          verdicts_for, workers_after_head_loss)
+from chaos.verdicts import Diagnosis, Expect, judge
+from chaos.verdicts.head import head_loss_outcome, workers_after_head_loss
+from chaos.verdicts.recovery import recovery_time
+from chaos.verdicts.resume import resumed_from_latest
 from timelines import Script
+
+DET = Expect(deterministic=True)  # the old verdict functions' default
 
 
 # -- a resubmission is the lost run's next attempt -------------------------------------
@@ -62,7 +64,7 @@ def resubmitted(first_step, fault_t_dt=0.2, report=True, unread=None, again_faul
 
 def test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes():
     tl = resubmitted(11)
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass" and v.name == "resumed-from-latest (attempt 1)", v.line()
     assert v.evidence["latest_checkpoint_step"] == 10 and v.evidence["first_step_of_attempt"] == 11
     second = [e for e in tl.of("controller_started")][1]
@@ -71,7 +73,7 @@ def test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes
 
 
 def test_twin_a_resubmission_that_starts_from_scratch_fails():
-    [v] = resumed_from_latest(resubmitted(1))
+    [v] = resumed_from_latest(resubmitted(1), DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
 
 
@@ -80,9 +82,9 @@ def test_a_right_looking_resume_after_a_lost_log_left_unread_is_unverifiable_nev
     checkpoint after step 10 (CI saw checkpoint 15 so), and a resubmission that restored
     checkpoint 10 instead would look right.  Twin: the same resume with the log drained passes
     (test_a_resubmission_that_resumes_from_the_lost_runs_latest_checkpoint_passes)."""
-    [v] = resumed_from_latest(resubmitted(11, unread=UNREAD))
+    [v] = resumed_from_latest(resubmitted(11, unread=UNREAD), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
-    assert v.diagnosis in DIAGNOSES
+    assert isinstance(v.diagnosis, Diagnosis)
     assert ("the events log of job job-1, whose driver was lost, could not be read to its end "
             f"({UNREAD}), so a checkpoint it committed after step 10 would be missing") in v.message, v.line()
     assert "attempt 1's start at step 11 cannot be judged" in v.message, v.line()
@@ -91,18 +93,18 @@ def test_a_right_looking_resume_after_a_lost_log_left_unread_is_unverifiable_nev
 
 def test_a_resume_past_the_seen_checkpoint_after_a_lost_log_left_unread_is_unverifiable_not_a_failure():
     """Checkpoint 15 in the unread end would make a resume at 16 right (CI's false failure)."""
-    [v] = resumed_from_latest(resubmitted(16, unread=UNREAD))
+    [v] = resumed_from_latest(resubmitted(16, unread=UNREAD), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
     judged = v.evidence["judged_on_what_was_read"]
     assert judged["status"] == "fail" and judged["message"].startswith("resumed past the checkpoint"), judged
     assert "resumed past" not in v.message, v.line()  # the report files it as unverifiable, not as skipped data
-    [twin] = resumed_from_latest(resubmitted(16))
+    [twin] = resumed_from_latest(resubmitted(16), DET)
     assert twin.status == "fail" and twin.diagnosis == "resumed past the checkpoint", twin.line()
 
 
 def test_a_restart_from_scratch_fails_whatever_the_unread_end_of_the_log_held():
     """A later checkpoint nobody read only makes a fresh start worse: still a failure."""
-    [v] = resumed_from_latest(resubmitted(1, unread=UNREAD))
+    [v] = resumed_from_latest(resubmitted(1, unread=UNREAD), DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
 
 
@@ -110,7 +112,7 @@ def test_after_a_checkpoint_of_the_resubmission_the_unread_end_no_longer_matters
     """A restart of the resubmission after it committed checkpoints of its own is judged
     against those: the unread end of the lost log is older than all of them."""
     tl = resubmitted(11, unread=UNREAD, again_fault_after=22)
-    first, second = resumed_from_latest(tl)
+    first, second = resumed_from_latest(tl, DET)
     assert first.status == "unverifiable" and first.diagnosis == "unverifiable: events unread", first.line()
     assert second.status == "pass" and second.evidence["latest_checkpoint_step"] == 20, second.line()
     assert second.name == "resumed-from-latest (attempt 2)"
@@ -178,8 +180,8 @@ def test_the_resubmissions_first_report_is_the_recovery_and_one_run_is_judged():
     tl = resubmitted(11)
     [m] = recovery_metrics(tl)
     assert m.recovered_attempt == 1 and round(m.time_to_detect, 3) == 0.3 and m.time_to_recover > 20
-    expect = Expectation(charged={}, slo_detect_s=30, slo_recover_s=120)
-    named = {v.name.split(" (")[0]: v for v in verdicts_for(tl, expect)}
+    expect = Expect(charged={}, slo_detect_s=30, slo_recover_s=120)
+    named = {v.name.split(" (")[0]: v for v in judge(tl, expect)}
     assert named["run-finished"].status == "pass" and named["within-budget"].status == "pass", named
     assert named["recovery-time"].status == "pass", named["recovery-time"].line()
 
@@ -187,8 +189,8 @@ def test_the_resubmissions_first_report_is_the_recovery_and_one_run_is_judged():
 def test_nothing_charged_is_unverifiable_where_the_lost_log_was_left_unread():
     """A failure decision the lost controller made in the unread end would be missing: 'charged
     nothing' is not evidence then (twin: the same run with its log read passes, above)."""
-    expect = Expectation(charged={}, slo_detect_s=30, slo_recover_s=120)
-    named = {v.name.split(" (")[0]: v for v in verdicts_for(resubmitted(11, unread=UNREAD), expect)}
+    expect = Expect(charged={}, slo_detect_s=30, slo_recover_s=120)
+    named = {v.name.split(" (")[0]: v for v in judge(resubmitted(11, unread=UNREAD), expect)}
     v = named["within-budget"]
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: events unread", v.line()
     assert "a failure decision its controller made then would be missing (what was read: charged nothing" in v.message
@@ -199,7 +201,7 @@ def test_twin_a_resubmission_that_never_reported_never_recovered():
     tl = resubmitted(11, report=False)
     [m] = recovery_metrics(tl)
     assert m.time_to_recover is None
-    [v] = recovery_time(tl, Expectation(charged={}, slo_detect_s=30, slo_recover_s=120))
+    [v] = recovery_time(tl, Expect(charged={}, slo_detect_s=30, slo_recover_s=120))
     assert v.status == "fail", v.line()
 
 
@@ -351,21 +353,21 @@ def loss(outcome, diagnosis="run lost with its driver: ...", gcs_ft=True, **more
 def test_the_outcome_verdict_fails_on_another_outcome_and_never_passes_an_unknown_one():
     assert head_loss_outcome(loss("driver-lost")).status == "pass"
     wrong = head_loss_outcome(loss("continued", "the run continued: step 7"))
-    assert wrong.status == "fail" and wrong.message.startswith("head loss: expected driver-lost, got continued")
+    assert wrong.status == "fail" and wrong.message.startswith("head loss: unexpected outcome: expected driver-lost, got continued")
     assert head_loss_outcome(loss("continued", "the run continued"), "continued").status == "pass"
     unknown = head_loss_outcome(loss(None, "no outcome within 30 s"))
     assert unknown.status == "unverifiable" and unknown.diagnosis == "unverifiable: no outcome"
     lost = head_loss_outcome(loss("cluster-lost", "cluster lost: no GCS fault tolerance — ...", gcs_ft=False))
     assert lost.status == "expected" and lost.diagnosis == "cluster lost"
     twin = head_loss_outcome(loss("cluster-lost", "cluster lost: the GCS lost its tables ...", gcs_ft=True))
-    assert twin.status == "fail" and twin.diagnosis == "head loss: cluster-lost"
+    assert twin.status == "fail" and twin.diagnosis == Diagnosis.HEAD_LOSS_OUTCOME and "got cluster-lost" in twin.message
 
 
 def test_a_head_reboot_must_show_a_new_boot_id_when_the_head_is_a_test_host():
     v = head_loss_outcome(loss("driver-lost", fault="head-reboot", head_boot_ids=["a" * 36, "b" * 36]))
     assert v.status == "pass" and "boot id aaaaaaaa → bbbbbbbb" in v.message
     v = head_loss_outcome(loss("driver-lost", fault="head-reboot", head_boot_ids=["a" * 36, "a" * 36]))
-    assert v.status == "fail" and v.message.startswith("head loss: expected the head's host to reboot")
+    assert v.status == "fail" and v.message.startswith("head loss: no reboot: expected the head's host to reboot")
 
 
 def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_without():
@@ -375,7 +377,7 @@ def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_witho
     assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before, workers_after=dict(before))).status \
         == "fail"
     v = workers_after_head_loss(loss("x", workers_before=before, workers_after={"a" * 56: "1", "c" * 56: "2"}))
-    assert v.status == "fail" and v.message.startswith("worker nodes after head loss: lost ['bbbbbbbb']")
+    assert v.status == "fail" and v.message.startswith("unexpected worker node fate: lost ['bbbbbbbb']")
     renewed = {"c" * 56: "127.0.1.2", "d" * 56: "127.0.1.3"}
     assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before, workers_after=renewed)).status \
         == "pass"
@@ -388,13 +390,13 @@ def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_witho
 def test_a_head_loss_is_judged_in_every_verdict_list_and_drawn_in_the_picture():
     tl = resubmitted(11)
     tl.emit("fault", "head_loss", **loss("driver-lost", workers_before={"w": "1"}, workers_after={"w": "1"}))
-    names = [v.name for v in verdicts_for(tl, Expectation(charged={}, slo_recover_s=120))]
+    names = [v.name for v in judge(tl, Expect(charged={}, slo_recover_s=120))]
     assert names[:2] == ["head-loss (gcs-kill, GCS fault tolerance on)", "worker nodes after head loss (gcs-kill)"]
-    unfinished = [v.name for v in verdicts_for(tl, Expectation(charged={}), finished=False)]
+    unfinished = [v.name for v in judge(tl, Expect(charged={}), finished=False)]
     assert unfinished[:2] == names[:2]
     labels = [m.label for m in plot_data(tl).markers]
     assert "head unreachable" in labels and "head reachable" in labels, labels
-    assert {"head loss: <outcome>", "cluster lost", "unverifiable: no outcome"} <= set(DIAGNOSES)
+    assert {Diagnosis.HEAD_LOSS_OUTCOME, Diagnosis.CLUSTER_LOST, Diagnosis.NO_OUTCOME} <= set(Diagnosis)
 
 
 # -- while the head is away ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from chaos.experiment import Environment, Experiment
 from chaos.ledger import Ledger
 from chaos.report import Reporter
 from chaos.safety import LiveFaults
-from chaos.verify import Expectation
+from chaos.verdicts import Expect
 
 
 class FakeView:
@@ -96,7 +96,7 @@ def session(tmp_path, monkeypatch):
     FakeRun.stops = []
     backend, lines = FakeBackend(), []
     env = Environment(backend=backend, ledger=Ledger(tmp_path / "ledger.jsonl"), out_dir=tmp_path)
-    exp = Experiment(env, spec=SimpleNamespace(params={}), faults=[], expect=Expectation(), test_id="t::interrupted",
+    exp = Experiment(env, spec=SimpleNamespace(params={}), faults=[], expect=Expect(), test_id="t::interrupted",
                      reporter=Reporter(echo=lines.append))
     return exp, backend, lines, polls
 

@@ -5,7 +5,7 @@ import pytest
 
 def test_a_verdict_asked_for_and_absent_names_the_verdicts_there_are():
     from chaos.experiment import Outcome
-    from chaos.verify import Verdict
+    from chaos.verdicts import Verdict
 
     outcome = Outcome("t", None, [Verdict("resumed-from-latest (run)", "unverifiable", "no checkpoint", None, {})],
                       [], None)

@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from chaos.verify import DIGEST_PARTS, STATE_ATOL, STATE_RTOL
+from chaos.verdicts.states import DIGEST_PARTS
+from chaos.verdicts.tolerance import STATE_ATOL, STATE_RTOL
 
 torch = pytest.importorskip("torch")
 from chaos.train.workloads.reference import PARTS, TrainState  # noqa: E402

@@ -11,13 +11,13 @@ from chaos.faults.raylet import RayletKill
 from chaos.ledger import Ledger
 from chaos.train.tape import ENV_TAPE_FILE
 from chaos.triggers import AfterCheckpoint
-from chaos.verify import Expectation
+from chaos.verdicts import Expect
 
 
 def run_env(tmp_path, faults, external_drains=False, tape=False):
     backend = SimpleNamespace(external_drains=external_drains)
     env = Environment(backend=backend, ledger=Ledger(tmp_path / "ledger.jsonl"), out_dir=tmp_path, tape=tape)
-    exp = Experiment(env, spec=None, faults=[(AfterCheckpoint(2), f) for f in faults], expect=Expectation(),
+    exp = Experiment(env, spec=None, faults=[(AfterCheckpoint(2), f) for f in faults], expect=Expect(),
                      test_id="t::env")
     return exp.run_env()
 

@@ -7,9 +7,12 @@ import json
 import pytest
 
 from chaos.baseline import from_run
-from chaos.verify import (DIGEST_PARTS, Baseline, Expectation, Verdict, state_trajectory, trajectory_of,
-                          verdicts_for)
+from chaos.verdicts.states import DIGEST_PARTS, trajectory_of
+from chaos.verdicts import Baseline, Expect, judge, Verdict
+from chaos.verdicts.trajectory import state_trajectory
 from timelines import Script
+
+DET = Expect(deterministic=True)  # the old verdict functions' default
 
 
 def loss(rank, step):
@@ -56,7 +59,7 @@ def test_the_trajectory_is_every_ranks_state_at_every_step():
 
 
 def test_a_restore_that_brought_everything_back_follows_the_baseline():
-    v = state_trajectory(faulted().timeline(), baseline())
+    v = state_trajectory(faulted().timeline(), baseline(), DET)
     assert v.status == "pass", v.line()
     assert v.message.startswith("20 report(s) of the restarted attempt(s) at steps 11..20 followed the fault-free "
                                 "trajectory (digest_data, digest_optimizer")
@@ -67,7 +70,7 @@ def test_a_restore_that_brought_everything_back_follows_the_baseline():
 def test_each_lost_part_fails_naming_the_part_and_the_first_step(part):
     # The step counter came back (resumed-from-latest passes: attempt 1 began at 11), the part did not.
     tl = faulted(lost=part, state=lambda r, s: loss(r, s) * (1.01 if s > 11 else 1)).timeline()
-    v = state_trajectory(tl, baseline())
+    v = state_trajectory(tl, baseline(), DET)
     assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
     assert v.message.startswith(f"state not restored: step 11 (attempt 1, rank 0) left the fault-free trajectory: "
                                 f"digest_{part} {'x' * 16} but ")
@@ -86,7 +89,7 @@ def test_the_first_cause_is_named_where_several_parts_differ_at_once():
     for step in range(11, 21):
         s.report({0: step, 1: step}, None, {0: loss(0, step), 1: loss(1, step)},
                  metrics={"step": step, "loss": loss(0, step), **lost_late(step)})
-    v = state_trajectory(s.finish().timeline(), baseline())
+    v = state_trajectory(s.finish().timeline(), baseline(), DET)
     assert "the LR scheduler's state was not restored (digest_scheduler differs; so does digest_optimizer, " \
            "digest_weights)" in v.message
 
@@ -95,22 +98,22 @@ def test_a_loss_only_script_names_the_step_and_the_usual_causes_and_warns_unless
     plain = Baseline("k1", trajectory={r: [[s, {"loss": loss(r, s)}] for s in range(1, 21)] for r in (0, 1)},
                      job_id="j", made_at="now")
     tl = faulted(state=lambda r, s: loss(r, s) * (1.01 if s >= 13 else 1)).timeline()
-    v = state_trajectory(tl, plain, deterministic=False)
+    v = state_trajectory(tl, plain, Expect(deterministic=False))
     assert v.status == "warning" and v.diagnosis == "state differs", v.line()
     assert v.message.startswith("state differs: step 13 (attempt 1, rank 0) left the fault-free trajectory: loss ")
     assert "usually the optimizer's or LR scheduler's state, the RNG or the data position was not restored" in v.message
-    assert state_trajectory(tl, plain, deterministic=True).status == "fail"
+    assert state_trajectory(tl, plain, DET).status == "fail"
 
 
 def test_the_tolerance_decides_what_reproduces():
     tl = faulted(state=lambda r, s: loss(r, s) * 1.001, before=lambda r, s: loss(r, s)).timeline()
-    assert state_trajectory(tl, baseline()).status == "fail"
-    assert state_trajectory(tl, baseline(), rtol=1e-2).status == "pass"
+    assert state_trajectory(tl, baseline(), DET).status == "fail"
+    assert state_trajectory(tl, baseline(), Expect(deterministic=True, state_rtol=1e-2)).status == "pass"
 
 
 def test_a_run_that_left_the_baseline_before_the_fault_is_unverifiable_not_blamed_on_the_restore():
     tl = faulted(before=lambda r, s: loss(r, s) * 1.01).timeline()
-    v = state_trajectory(tl, baseline())
+    v = state_trajectory(tl, baseline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: baseline not reproduced", v.line()
     assert "step 1 (attempt 0, rank 0) left the fault-free trajectory: loss 1.01 but 1 in the baseline" in v.message
     assert "--chaos-state-rtol" in v.message
@@ -118,18 +121,18 @@ def test_a_run_that_left_the_baseline_before_the_fault_is_unverifiable_not_blame
 
 def test_no_restart_is_not_applicable_and_steps_the_baseline_never_had_are_unverifiable():
     one = reports(Script(state_metric="loss").start_attempt(), 1, 20).finish().timeline()
-    assert state_trajectory(one, baseline()).status == "n/a"
+    assert state_trajectory(one, baseline(), DET).status == "n/a"
     short = Baseline("k1", trajectory=trajectory_of(reports(Script(state_metric="loss").start_attempt(), 1, 10)
                                                     .finish().timeline()), job_id="j", made_at="now")
-    v = state_trajectory(faulted().timeline(), short)
+    v = state_trajectory(faulted().timeline(), short, DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step to compare", v.line()
 
 
 def test_no_baseline_and_no_state_are_unverifiable():
-    v = state_trajectory(faulted().timeline(), Baseline("k1", error="the fault-free run broke"))
+    v = state_trajectory(faulted().timeline(), Baseline("k1", error="the fault-free run broke"), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no baseline"
     plain = Script().start_attempt().steps(1, 10).fault().decision().start_attempt().steps(11, 20).finish()
-    v = state_trajectory(plain.timeline(), baseline())
+    v = state_trajectory(plain.timeline(), baseline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
 
 
@@ -137,18 +140,18 @@ def test_a_baseline_that_shared_the_train_run_is_unverifiable():
     shared = Baseline("k1", trajectory=baseline().trajectory, run_name="r", storage_path="/storage")
     script = faulted()
     next(e for e in script.events if e.kind == "controller_started").data["storage_path"] = "/storage"
-    v = state_trajectory(script.timeline(), shared)
+    v = state_trajectory(script.timeline(), shared, DET)
     assert v.status == "unverifiable" and "same Train run (/storage/r)" in v.message, v.line()
 
 
 def test_the_verdict_is_opt_in_and_uses_the_expectations_tolerance():
-    expect = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
-    assert not [v for v in verdicts_for(faulted().timeline(), expect) if v.name == "state-trajectory"]
+    expect = Expect(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
+    assert not [v for v in judge(faulted().timeline(), expect) if v.name == "state-trajectory"]
     tl = faulted(state=lambda r, s: loss(r, s) * 1.001).timeline()
     for rtol, status in ((1e-4, "fail"), (1e-2, "pass")):
-        expect = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60, trajectory=baseline(),
+        expect = Expect(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60, baseline=True, reference=baseline(),
                              deterministic=True, state_rtol=rtol)
-        [v] = [v for v in verdicts_for(tl, expect) if v.name == "state-trajectory"]
+        [v] = [v for v in judge(tl, expect) if v.name == "state-trajectory"]
         assert v.status == status, v.line()
 
 
@@ -157,7 +160,7 @@ def test_a_baseline_keeps_its_trajectory_through_json():
     again = Baseline.from_json(json.loads(json.dumps(b.to_json())))
     assert again.trajectory == b.trajectory and again.trajectory[1][19] == [20, {"loss": loss(1, 20)}]
     again.run_name = "base"  # Script names every run "r": the baseline is its own run
-    assert state_trajectory(faulted().timeline(), again).status == "pass"
+    assert state_trajectory(faulted().timeline(), again, DET).status == "pass"
 
 
 def test_a_restarted_attempt_with_nothing_to_compare_is_not_vouched_for_by_an_earlier_one():
@@ -168,11 +171,11 @@ def test_a_restarted_attempt_with_nothing_to_compare_is_not_vouched_for_by_an_ea
     for e in s.events:
         if e.kind == "report" and e.attempt == 2:
             e.data["metrics"] = {"step": e.data["steps"]["0"]}
-    v = state_trajectory(s.finish().timeline(), baseline())
+    v = state_trajectory(s.finish().timeline(), baseline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step to compare", v.line()
     assert "no step to compare in attempt(s) 2" in v.message, v.line()
     # twin: attempt 2 follows the baseline too
     s = reports(Script(state_metric="loss").start_attempt(), 1, 10).fault().decision().start_attempt()
     s = reports(reports(s, 11, 14).fault().decision().start_attempt(), 11, 20)
-    v = state_trajectory(s.finish().timeline(), baseline())
+    v = state_trajectory(s.finish().timeline(), baseline(), DET)
     assert v.status == "pass", v.line()

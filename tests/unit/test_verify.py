@@ -3,11 +3,19 @@
 import pytest
 
 from chaos.errors import VerificationError
-from chaos.verify import (Expectation, check, healed, preemption_window, recovery_time, resumed_from_latest,
-                          run_finished, state_restored, verdicts_for, within_budget)
+from chaos.verdicts import Diagnosis, Expect, check, judge
+from chaos.verdicts.healed import healed
+from chaos.verdicts.preemption import preemption_window
+from chaos.verdicts.recovery import recovery_time
+from chaos.verdicts.resume import resumed_from_latest
+from chaos.verdicts.run_finished import run_finished
+from chaos.verdicts.state import state_restored
+from chaos.verdicts.budget import within_budget
 from timelines import Script
 
-EXPECT_ONE = Expectation(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
+DET = Expect(deterministic=True)  # the old verdict functions' default
+
+EXPECT_ONE = Expect(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
 
 
 def good_run():
@@ -16,7 +24,7 @@ def good_run():
 
 
 def test_correct_resume_passes_every_verdict():
-    verdicts = verdicts_for(good_run().timeline(), EXPECT_ONE)
+    verdicts = judge(good_run().timeline(), EXPECT_ONE)
     assert [v.status for v in verdicts] == ["pass"] * 4, [v.line() for v in verdicts]
     resume = verdicts[0]
     assert resume.evidence["latest_checkpoint_step"] == 10
@@ -26,7 +34,7 @@ def test_correct_resume_passes_every_verdict():
 
 def test_restart_from_scratch_is_diagnosed():
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(1, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch"
     assert v.message.startswith("restarted from scratch")
     assert v.evidence["latest_checkpoint"] == "/storage/checkpoint_10"
@@ -34,7 +42,7 @@ def test_restart_from_scratch_is_diagnosed():
 
 def test_resume_from_older_checkpoint_is_diagnosed():
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(6, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed from an older checkpoint"
     assert v.message.startswith("resumed from an older checkpoint: attempt 1 began at step 6 on every rank although checkpoint "
                                 "step 10 was committed")
@@ -43,7 +51,7 @@ def test_resume_from_older_checkpoint_is_diagnosed():
 
 def test_resume_past_the_checkpoint_is_diagnosed_as_skipped_data():
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(14, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint"
     assert "steps 11..14 were skipped" in v.message
 
@@ -53,29 +61,29 @@ def test_a_resume_from_a_checkpoint_ray_never_committed_is_named():
     # so Ray's latest committed checkpoint is step 10.  A script that scans storage loads 15.
     s = Script().start_attempt().steps(1, 14).persist("/storage/checkpoint_15", 15).fault().decision()
     tl = s.start_attempt().steps(16, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint", v.line()
     assert ("steps 11..16 were skipped: it follows step 15, whose checkpoint rank 0 had written to storage in attempt "
             "0 (/storage/checkpoint_15) but Ray never committed") in v.message
     # the twin: the same skip with no uncommitted checkpoint behind it says only what was skipped
     tl = Script().start_attempt().steps(1, 14).fault().decision().start_attempt().steps(16, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint" and "never committed" not in v.message, v.line()
 
 
 def test_fault_before_any_checkpoint_expects_a_fresh_start():
     tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(1, 10).finish().timeline()
-    [v] = resumed_from_latest(tl)
-    assert v.status == "pass" and v.diagnosis == "no checkpoint existed yet"
+    [v] = resumed_from_latest(tl, DET)
+    assert v.status == "pass" and v.diagnosis is None and v.message.startswith("no checkpoint existed yet"), v.line()
     tl = Script().start_attempt().steps(1, 3).fault().decision().start_attempt().steps(3, 10).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "resumed at an unexpected step"
 
 
 def test_no_step_metric_is_unverifiable_not_guessed():
     s = Script(step_metric="epoch").start_attempt().steps(1, 12, metric=False).fault().decision()
     tl = s.start_attempt().steps(1, 5, metric=False).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "unverifiable"
     assert v.message.startswith("unverifiable: no step metric 'epoch'")
     with pytest.raises(VerificationError, match="unverifiable: no step metric"):
@@ -86,7 +94,7 @@ def test_no_step_metric_is_unverifiable_not_guessed():
 def test_two_restarts_give_two_resume_verdicts():
     s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 22)
          .fault("n0").decision().start_attempt().steps(21, 30).finish())
-    verdicts = resumed_from_latest(s.timeline())
+    verdicts = resumed_from_latest(s.timeline(), DET)
     assert [v.status for v in verdicts] == ["pass", "pass"]
     assert [v.evidence["latest_checkpoint_step"] for v in verdicts] == [10, 20]
 
@@ -101,15 +109,15 @@ def test_budget_exhausted_unexpectedly_fails_with_the_count_and_limit():
 
 def test_budget_exhausted_as_expected_is_an_expected_verdict():
     tl = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED").timeline()
-    expect = Expectation(charged={"worker_group": 1}, budget_exhausted=True)
+    expect = Expect(charged={"worker_group": 1}, budget_exhausted=True)
     v = within_budget(tl, expect)
     assert v.status == "expected" and "1 failure charged to max_failures=0" in v.message
     assert run_finished(tl, expect).status == "expected"
-    assert resumed_from_latest(tl) == []
+    assert resumed_from_latest(tl, DET) == []
 
 
 def test_expected_exhaustion_that_never_happens_fails():
-    v = within_budget(good_run().timeline(), Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    v = within_budget(good_run().timeline(), Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "fail" and v.diagnosis == "budget not exhausted"
 
 
@@ -125,7 +133,7 @@ def test_the_summary_charges_each_budget_class_as_the_verdicts_count_it():
     """summary.json's charged figures are verify.charged's (the runs the faults hit): a
     preemption and a failure in the faulted run, an evaluation fit's own failures after it."""
     from chaos.summary import metrics_for
-    from chaos.verify import charged
+    from chaos.verdicts.budget import charged
 
     s = (Script().start_attempt().steps(1, 12).preemption().gone().decision(budget_class="preemption", limit=2)
          .start_attempt().steps(11, 16).fault().decision().start_attempt().steps(16, 20).finish())
@@ -139,7 +147,7 @@ def test_the_summary_charges_each_budget_class_as_the_verdicts_count_it():
 
 
 def test_wrong_charge_count_is_a_finding():
-    v = within_budget(good_run().timeline(), Expectation(charged={"worker_group": 2}))
+    v = within_budget(good_run().timeline(), Expect(charged={"worker_group": 2}))
     assert v.status == "fail" and v.diagnosis == "unexpected number of charged failures"
 
 
@@ -151,10 +159,10 @@ def test_decision_without_ray_accounting_is_unverifiable():
 
 
 def test_recovery_slower_than_slo_fails():
-    [v] = recovery_time(good_run().timeline(), Expectation(slo_recover_s=0.5))
+    [v] = recovery_time(good_run().timeline(), Expect(slo_recover_s=0.5))
     assert v.status == "fail" and v.message.startswith("recovery too slow")
     assert v.evidence["time_to_detect"] == pytest.approx(1.5)
-    [v] = recovery_time(good_run().timeline(), Expectation(slo_detect_s=1.0))
+    [v] = recovery_time(good_run().timeline(), Expect(slo_detect_s=1.0))
     assert v.status == "fail" and "time to detect 1.5 s > SLO 1.0 s" in v.message
 
 
@@ -175,7 +183,7 @@ def test_healed_lists_every_problem():
 def test_check_raises_an_assertion_with_every_failed_message():
     tl = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED").timeline()
     with pytest.raises(VerificationError) as err:
-        check(verdicts_for(tl, EXPECT_ONE))
+        check(judge(tl, EXPECT_ONE))
     assert isinstance(err.value, AssertionError)
     assert str(err.value).startswith("retry budget exhausted: 1 failure charged to max_failures=0")
 
@@ -183,7 +191,7 @@ def test_check_raises_an_assertion_with_every_failed_message():
 def test_exhaustion_of_the_wrong_budget_is_a_finding_even_when_exhaustion_is_expected():
     tl = (Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", budget_class="preemption", limit=0)
           .finish("ERRORED").timeline())
-    v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    v = within_budget(tl, Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class"
     assert "max_preemption_failures=0" in v.message
 
@@ -192,7 +200,7 @@ def test_exhaustion_of_the_wrong_budget_is_a_finding_even_when_exhaustion_is_exp
 def test_reporting_every_third_step_resumes_at_the_step_that_followed_the_checkpoint():
     tl = (Script().start_attempt().steps(3, 15, every=6, stride=3).fault().decision()
           .start_attempt().steps(15, 30, every=6, stride=3).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
     assert "resumed at step 15, right after the latest checkpoint (step 12)" in v.message
     assert "the step that followed checkpoint step 12" in v.evidence["rule"]
@@ -202,7 +210,7 @@ def test_every_report_a_checkpoint_uses_the_reporting_stride():
     # Ray's Hugging Face / Lightning callbacks report only when a checkpoint is saved.
     tl = (Script().start_attempt().steps(5, 15, every=5, stride=5).fault().decision()
           .start_attempt().steps(20, 30, every=5, stride=5).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
     assert "reporting stride 5" in v.evidence["rule"]
 
@@ -223,7 +231,7 @@ def evaluated_or_retrained(before_fault, first_step_after, every_after=5, state_
 
 def test_first_report_at_the_checkpoint_step_passes_when_the_next_trained_step_reproduces():
     # evaluate after load: step 11 (trained after it) gives what attempt 0 gave for step 11
-    [v] = resumed_from_latest(evaluated_or_retrained(12, 11))
+    [v] = resumed_from_latest(evaluated_or_retrained(12, 11), DET)
     assert v.status == "pass", v.line()
     assert "at the latest checkpoint's own step (10), evaluating after loading it" in v.message
     assert "step 11 reproduced" in v.evidence["rule"]
@@ -233,28 +241,27 @@ def test_state_restored_leaves_the_evaluation_at_the_checkpoint_step_to_the_resu
     """The evaluation's value at step 10 (99.0, after the update) cannot reproduce attempt 0's
     pre-update step 10: not compared, so a correct evaluate-after-restore is no state finding;
     the re-done step 11 still is compared, and a lost state there still fails."""
-    [v] = state_restored(evaluated_or_retrained(12, 11), deterministic=True)
+    [v] = state_restored(evaluated_or_retrained(12, 11), DET)
     assert v.status == "pass" and v.evidence["compared"] and all(c["step"] != 10 for c in v.evidence["compared"]), \
         v.line()
-    [v] = state_restored(evaluated_or_retrained(12, 11, state_after=lambda r, s: train_loss(r, s) * 1.1),
-                         deterministic=True)
+    [v] = state_restored(evaluated_or_retrained(12, 11, state_after=lambda r, s: train_loss(r, s) * 1.1), DET)
     assert v.status == "fail" and v.diagnosis == "state not restored" and "at re-done step 11" in v.message, v.line()
     # a report at step 10 that is not the attempt's first (a resume from checkpoint 5) is re-done work, compared
     tl = (Script().start_attempt().steps(1, 12, state=train_loss).fault().decision().start_attempt()
           .steps(6, 20, state=lambda r, s: train_loss(r, s) * (1.1 if s == 10 else 1)).finish().timeline())
-    [v] = state_restored(tl, deterministic=True)
+    [v] = state_restored(tl, DET)
     assert v.status == "fail" and "at re-done step 10" in v.message, v.line()
 
 
 def test_a_retrained_checkpoint_step_fails_by_the_next_step_value_or_the_second_commit():
     # range(ck, N): step 10 trained again, so step 11 does not reproduce attempt 0's value
-    [v] = resumed_from_latest(evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1))
+    [v] = resumed_from_latest(evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1), DET)
     assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
     assert "step 11 gave" in v.message and "step 10 was trained again, or the state was not restored" in v.message
     # the re-trained step commits its checkpoint again: work done twice, whatever the values
     tl = (Script().start_attempt().steps(1, 12, state=train_loss).fault().decision().start_attempt()
           .steps(10, 20, state=train_loss).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
     assert "steps 10..10 were trained again: step 10 had been committed before" in v.message
 
@@ -277,11 +284,11 @@ def periodic_and_just_in_time(first_value_after):
 def test_a_checkpoint_step_trained_again_from_an_older_checkpoint_fails_though_nothing_is_committed_twice():
     # loaded checkpoint 4, trained step 5 again: its value is step 5's from before it was
     # trained (attempt 0), which neither an evaluation after loading 5 nor 5 trained from 5 gives
-    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: train_loss(r, 5)))
+    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: train_loss(r, 5)), DET)
     assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
     assert "it was trained again from an older state (checkpoint step 4)" in v.message, v.line()
     # twin: an evaluation after loading checkpoint 5 gives another value, and step 6 decides
-    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: 99.0 + r))
+    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: 99.0 + r), DET)
     assert v.status == "pass" and "step 6 reproduced" in v.evidence["rule"], v.line()
 
 
@@ -293,7 +300,7 @@ def test_a_first_checkpoint_step_trained_again_without_its_state_is_a_restart_fr
     s.fault().decision().start_attempt()
     s.report({0: 5, 1: 5}, states={r: train_loss(r, 5) for r in (0, 1)})
     s.report({0: 6, 1: 6}, states={r: train_loss(r, 6) for r in (0, 1)})
-    [v] = resumed_from_latest(s.finish().timeline())
+    [v] = resumed_from_latest(s.finish().timeline(), DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
     assert "trained again without the checkpoint's state" in v.message, v.line()
 
@@ -307,7 +314,7 @@ def test_a_state_metric_that_does_not_move_with_training_does_not_decide_a_check
     s.fault().decision().start_attempt()
     for st in range(5, 9):
         s.report({0: st, 1: st}, states={0: 1.0, 1: 1.0})
-    [v] = resumed_from_latest(s.finish().timeline())
+    [v] = resumed_from_latest(s.finish().timeline(), DET)
     assert v.status == "pass" and "step 6 reproduced" in v.evidence["rule"], v.line()
 
 
@@ -321,19 +328,19 @@ def test_a_rank_without_a_step_in_the_first_report_round_is_judged_by_its_own_fi
 
     # rank 1 then counts from 2: whatever its stepless first report was, it did steps before
     # checkpoint 10 again (it used to be left out of the verdict, which passed on rank 0)
-    [v] = resumed_from_latest(restart(range(2, 10)))
+    [v] = resumed_from_latest(restart(range(2, 10)), DET)
     assert v.status == "fail" and "rank 1 began attempt 1 at step 2" in v.message, v.line()
     assert "its first step, 2, is before checkpoint step 10" in v.message and sorted(v.evidence["ranks"]) == [0, 1]
     # twin: rank 1 then reports 12 — right if its first report was 11, but nothing says so
-    [v] = resumed_from_latest(restart(range(12, 20)))
+    [v] = resumed_from_latest(restart(range(12, 20)), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step after the restart", v.line()
     assert "rank 1's first report(s) in attempt 1 carried no step: its first step, 12" in v.message, v.line()
     # never a step from rank 1 in the attempt: unverifiable too, never a pass on rank 0 alone
-    [v] = resumed_from_latest(restart([None] * 8))
+    [v] = resumed_from_latest(restart([None] * 8), DET)
     assert v.status == "unverifiable" and "nor did any later one" in v.message, v.line()
     # the healthy twin: every rank's step in the first round
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass" and sorted(v.evidence["ranks"]) == [0, 1], v.line()
 
 
@@ -342,59 +349,59 @@ def test_an_attempt_whose_start_event_is_missing_is_still_judged_by_its_reports(
     s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(1, 20)
     tl = s.finish().timeline()
     tl.events[:] = [e for e in tl.events if not (e.kind == "attempt_started" and e.attempt == 1)]
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
 
 
 def test_a_first_report_at_the_checkpoint_step_then_a_skipped_step_fails_as_resumed_past_it():
     # an evaluation at 10, then step 12: step 11 was skipped, though 12 reproduces attempt 0's
-    [v] = resumed_from_latest(evaluated_or_retrained(14, 12))
+    [v] = resumed_from_latest(evaluated_or_retrained(14, 12), DET)
     assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
     assert "reported step 10, then step 12: steps 11..12 were skipped" in v.message, v.line()
     # twin: an evaluation at 10, then step 11
-    [v] = resumed_from_latest(evaluated_or_retrained(14, 11))
+    [v] = resumed_from_latest(evaluated_or_retrained(14, 11), DET)
     assert v.status == "pass", v.line()
 
 
 def test_first_report_at_the_checkpoint_step_without_evidence_is_unverifiable_never_a_pass():
     # the fault right after checkpoint 10: nothing before it says what step 11 should give
-    [v] = resumed_from_latest(evaluated_or_retrained(10, 11))
+    [v] = resumed_from_latest(evaluated_or_retrained(10, 11), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: resumed at the checkpoint's own step", v.line()
     assert "no earlier attempt (nor a fault-free baseline) reported step 11 with a state value" in v.message
     assert "--chaos-state-metric" in v.message
     # no state metric at all: the same
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .report({0: 10, 1: 10}).steps(11, 20).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "unverifiable" and "no state value at step 11 in attempt 1" in v.message, v.line()
 
 
 def test_at_the_checkpoint_step_with_no_earlier_value_the_fault_free_baseline_decides():
     # the fault right after checkpoint 10 (attempt 0 never reported step 11): a baseline did
-    from chaos.verify import Baseline
+    from chaos.verdicts import Baseline
 
     base = Baseline("k", trajectory={r: [[s, {"loss": train_loss(r, s)}] for s in range(1, 21)] for r in (0, 1)})
     healthy = evaluated_or_retrained(10, 11)
     for e in healthy.events:
         if e.kind == "controller_started":
             e.data["state_metric"] = "loss"
-    [v] = resumed_from_latest(healthy, baseline=base)
+    [v] = resumed_from_latest(healthy, Expect(deterministic=True, baseline=True, reference=base))
     assert v.status == "pass" and "step 11 reproduced" in v.evidence["rule"], v.line()
     assert v.evidence["rule"].endswith("of the fault-free baseline"), v.evidence["rule"]
     retrained = evaluated_or_retrained(10, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1)
     for e in retrained.events:
         if e.kind == "controller_started":
             e.data["state_metric"] = "loss"
-    [v] = resumed_from_latest(retrained, baseline=base)
+    [v] = resumed_from_latest(retrained, Expect(deterministic=True, baseline=True, reference=base))
     assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
     assert "but " in v.message and "in the fault-free baseline: step 10 was trained again" in v.message
-    [v] = resumed_from_latest(retrained)  # without the baseline: no evidence, never a pass
+    [v] = resumed_from_latest(retrained, DET)  # without the baseline: no evidence, never a pass
     assert v.status == "unverifiable", v.line()
 
 
 def test_every_report_a_checkpoint_restart_at_the_first_checkpoint_step_is_a_restart_from_scratch():
     # checkpoints on every report, the fault after the first: a start over commits step 5 again
-    [v] = resumed_from_latest(checkpoint_only_reports((5, 10)))
+    [v] = resumed_from_latest(checkpoint_only_reports((5, 10)), DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch", v.line()
     assert "the run's first checkpoint, was trained and committed again" in v.message
 
@@ -402,18 +409,18 @@ def test_every_report_a_checkpoint_restart_at_the_first_checkpoint_step_is_a_res
 def test_gradient_accumulation_global_step_advancing_by_four():
     tl = (Script().start_attempt().steps(4, 20, every=8, stride=4).fault().decision()
           .start_attempt().steps(20, 40, every=8, stride=4).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
     tl = (Script().start_attempt().steps(4, 20, every=8, stride=4).fault().decision()
           .start_attempt().steps(24, 40, every=8, stride=4).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint"
 
 
 def test_older_checkpoint_with_a_stride():
     tl = (Script().start_attempt().steps(3, 21, every=6, stride=3).fault().decision()
           .start_attempt().steps(9, 30, every=6, stride=3).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed from an older checkpoint", v.line()
 
 
@@ -421,7 +428,7 @@ def test_older_checkpoint_with_a_stride():
 def test_one_rank_restarting_from_scratch_is_named():
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .steps(11, 20, rank_step=lambda r, s: s - 10 if r == 1 else s).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "restarted from scratch"
     assert "rank 1 began attempt 1 at step 1" in v.message
     assert "while rank 0 resumed at 11" in v.message
@@ -432,7 +439,7 @@ def test_ranks_that_disagree_after_a_restart_are_a_finding():
     # each start alone is acceptable (next step / evaluate-after-load), together they disagree
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .steps(11, 20, rank_step=lambda r, s: s - 1 if r == 1 else s).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "ranks disagree"
     assert "rank 0 at step 11, rank 1 at step 10" in v.message
 
@@ -441,7 +448,7 @@ def test_ranks_that_always_differed_are_not_a_disagreement():
     tl = (Script().start_attempt().steps(1, 12, rank_step=lambda r, s: s + 100 * r, every=None)
           .report({0: 13, 1: 113}, "/storage/ck").fault().decision().start_attempt()
           .steps(14, 20, rank_step=lambda r, s: s + 100 * r, every=None).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
 
 
@@ -449,7 +456,7 @@ def test_ranks_that_always_differed_are_not_a_disagreement():
 def test_a_run_that_reports_no_checkpoint_is_unverifiable_never_a_pass():
     tl = (Script().start_attempt().steps(1, 12, every=None).fault().decision()
           .start_attempt().steps(1, 20, every=None).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "unverifiable"
     assert v.message.startswith("unverifiable: the run reported no checkpoint to Ray Train")
 
@@ -458,7 +465,7 @@ def test_checkpoint_report_without_the_step_takes_the_rank_last_step_and_says_so
     s = Script().start_attempt().steps(1, 9, every=None)
     s.report({0: 9, 1: 9}, "/storage/ck", sources={"0": "last reported", "1": "last reported"})
     tl = s.steps(10, 12, every=None).fault().decision().start_attempt().steps(10, 20, every=None).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
     assert v.evidence["latest_checkpoint_step"] == 9
 
@@ -473,7 +480,7 @@ def stepless_checkpoint_then_restart(later_checkpoint):
 
 
 def test_latest_checkpoint_without_a_rank_step_is_unverifiable_for_that_rank():
-    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=False))
+    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=False), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step at the checkpoint", v.line()
     assert v.message == "unverifiable: attempt 1, rank 1: the latest checkpoint's report carried no step for rank 1"
     assert v.evidence["ranks"][0]["status"] == "pass"  # rank 0 did resume right after it
@@ -483,7 +490,7 @@ def test_latest_checkpoint_without_a_rank_step_is_unverifiable_for_that_rank():
 
 
 def test_a_rank_step_missing_only_at_an_older_checkpoint_is_judged():
-    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=True))
+    [v] = resumed_from_latest(stepless_checkpoint_then_restart(later_checkpoint=True), DET)
     assert v.status == "pass", v.line()
     assert v.evidence["latest_checkpoint_step"] == 10
     assert "resumed at step 11, right after the latest checkpoint (step 10) on every rank" in v.message
@@ -498,7 +505,7 @@ def checkpoint_only_reports(resumed_steps):
 
 
 def test_no_report_after_the_checkpoint_and_no_stride_is_unverifiable():
-    [v] = resumed_from_latest(checkpoint_only_reports((10, 10)))
+    [v] = resumed_from_latest(checkpoint_only_reports((10, 10)), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
     assert v.message == ("unverifiable: attempt 1, rank 0: no report followed checkpoint step 5 and the reports "
                          "before the fault showed no stride")
@@ -508,19 +515,19 @@ def test_no_report_after_the_checkpoint_and_no_stride_is_unverifiable():
 
 def test_the_stride_comes_from_the_reports_before_the_fault_only():
     # a stride shown only after the restart does not vouch for the restart's own first step
-    [v] = resumed_from_latest(checkpoint_only_reports((10, 15)))
+    [v] = resumed_from_latest(checkpoint_only_reports((10, 15)), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no reporting stride", v.line()
     # stride 5 before the fault; the restart skips a save interval and keeps a doubled
     # stride (20, 30, 40): its own votes would make 10 the stride and 20 "right after 10"
     tl = (Script().start_attempt().steps(5, 10, every=5, stride=5).fault().decision()
           .start_attempt().steps(20, 40, every=10, stride=10).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
     assert v.evidence["reporting_stride"] == {0: 5, 1: 5}
     # its healthy twin: resumes at 15 and goes on by 5
     tl = (Script().start_attempt().steps(5, 10, every=5, stride=5).fault().decision()
           .start_attempt().steps(15, 40, every=5, stride=5).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass" and v.evidence["rule"] == "checkpoint step 10 + the run's reporting stride 5 before the fault"
 
 
@@ -528,18 +535,18 @@ def test_a_resumed_attempt_that_reports_without_a_step_is_unverifiable_and_names
     s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
     for _ in range(3):
         s.report({0: None, 1: None}, metrics={"loss": 0.5, "epoch": 2})
-    [v] = resumed_from_latest(s.finish().timeline())
+    [v] = resumed_from_latest(s.finish().timeline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no step after the restart", v.line()
     assert v.message == ("unverifiable: attempt 1 reported 3 time(s) without the step metric 'step' "
                          "(it reported 'epoch', 'loss')")
     # the step metric renamed between attempts is named
     s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
     s.report({0: None, 1: None}, metrics={"global_step": 11, "loss": 0.5})
-    [v] = resumed_from_latest(s.finish().timeline())
+    [v] = resumed_from_latest(s.finish().timeline(), DET)
     assert "the step metric changed name between attempts: 'step' before, 'global_step' now" in v.message, v.line()
     # the twin: the same attempt with its step is judged (and passes)
     tl = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass", v.line()
 
 
@@ -559,12 +566,12 @@ def epoch_local(restart_from):
 def test_a_step_counter_that_resets_every_epoch_is_unverifiable_not_a_resume():
     # a restart from scratch reports step 0 — what also follows the epoch-end checkpoint
     for restart_from in (0, 1):
-        [v] = resumed_from_latest(epoch_local(restart_from))
+        [v] = resumed_from_latest(epoch_local(restart_from), DET)
         assert v.status == "unverifiable" and v.diagnosis == "unverifiable: step metric goes back", v.line()
         assert "step metric 'step' goes back: rank 0 reported step 4, then 0 in attempt 0" in v.message
     # a counter that only grows (the twin) is judged
     [v] = resumed_from_latest(Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
-                              .steps(1, 20).finish().timeline())
+                              .steps(1, 20).finish().timeline(), DET)
     assert v.diagnosis == "restarted from scratch", v.line()
 
 
@@ -592,7 +599,7 @@ def test_auto_step_metric_names():
 def test_two_fits_in_one_driver_are_judged_per_run():
     s = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
          .new_run().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(1, 20).finish())
-    verdicts = resumed_from_latest(s.timeline())
+    verdicts = resumed_from_latest(s.timeline(), DET)
     assert [v.name for v in verdicts] == ["resumed-from-latest (run 1, attempt 1)",
                                           "resumed-from-latest (run 2, attempt 1)"]
     assert [v.status for v in verdicts] == ["pass", "fail"]
@@ -604,7 +611,7 @@ def test_an_attempt_that_never_reported_is_skipped_for_the_one_that_did():
          .decision("RETRY", "controller", limit=None, error="The worker group startup timed out after 8.0 seconds",
                    error_types=("ControllerError", "WorkerGroupStartupTimeoutError"))
          .start_attempt().steps(11, 20).finish())
-    [v] = resumed_from_latest(s.timeline())
+    [v] = resumed_from_latest(s.timeline(), DET)
     assert v.name.endswith("attempt 2)") and v.status == "pass"
     assert v.evidence["attempts_that_never_reported"] == [1]
 
@@ -617,14 +624,14 @@ def loss(r, s):
 def test_redone_steps_reproduce_the_loss():
     tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
           .start_attempt().steps(11, 20, state=loss).finish().timeline())
-    [v] = state_restored(tl)
+    [v] = state_restored(tl, DET)
     assert v.status == "pass" and "4 re-done report(s)" in v.message
 
 
 def test_restored_counter_but_not_weights_is_caught():
     tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
           .start_attempt().steps(11, 20, state=lambda r, s: loss(r, s) * 1.5).finish().timeline())
-    [v] = state_restored(tl)
+    [v] = state_restored(tl, DET)
     assert v.status == "fail" and v.diagnosis == "state not restored"
     assert "re-done step 11" in v.message
 
@@ -634,7 +641,11 @@ def test_no_redone_step_is_not_applicable_not_a_pass():
           .start_attempt().steps(11, 20, state=loss).finish().timeline())
     [v] = state_restored(tl)
     assert v.status == "n/a" and v.message.startswith("not checked")
-    assert state_restored(good_run().timeline()) == []  # no state metric recorded
+    assert state_restored(good_run().timeline(), DET) == []  # no state metric recorded
+    # a workload declared deterministic showed nothing of its restored state: unverifiable, never n/a
+    # (tests/unit/test_verdict_shapes.py has the fault right after a checkpoint, shape 6)
+    [v] = state_restored(tl, DET)
+    assert v.status == "unverifiable" and v.diagnosis == Diagnosis.TOO_FEW_REDONE, v.line()
 
 
 # -- faults and charges are matched -------------------------------------------------------
@@ -658,12 +669,12 @@ def test_capacity_waits_after_a_fault_are_its_consequence():
 
 def test_exhaustion_count_must_be_limit_plus_one():
     tl = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED").timeline()
-    v = within_budget(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+    v = within_budget(tl, Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "expected"
     s = Script(max_failures=0).start_attempt().steps(1, 6).fault()
     s.failures["worker_group"] = 2
     v = within_budget(s.decision("RAISE", limit=0).finish("ERRORED").timeline(),
-                      Expectation(charged={"worker_group": 1}, budget_exhausted=True))
+                      Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "fail" and v.diagnosis == "unexpected number of charged failures"
 
 
@@ -686,7 +697,7 @@ def test_fault_after_the_run_ended_is_inconclusive():
 def test_budget_exhaustion_still_checks_detection_time():
     tl = (Script(max_failures=0).start_attempt().steps(1, 6).fault(detect=5.0).decision("RAISE", limit=0)
           .finish("ERRORED").timeline())
-    [v] = recovery_time(tl, Expectation(charged={"worker_group": 1}, budget_exhausted=True, slo_detect_s=2))
+    [v] = recovery_time(tl, Expect(charged={"worker_group": 1}, budget_exhausted=True, slo_detect_s=2))
     assert v.status == "fail" and "time to detect 5.0 s > SLO 2.0 s" in v.message
 
 
@@ -723,7 +734,7 @@ def exhausted(state, job=None):
     return s.timeline()
 
 
-EXPECT_EXHAUSTION = Expectation(charged={"worker_group": 1}, budget_exhausted=True)
+EXPECT_EXHAUSTION = Expect(charged={"worker_group": 1}, budget_exhausted=True)
 
 
 def test_expected_exhaustion_that_does_not_end_errored_did_not_fail_cleanly():
@@ -753,7 +764,7 @@ def test_expected_exhaustion_without_the_jobs_status_is_unverifiable_not_expecte
 
 
 def test_stalled_and_did_not_resume_messages():
-    from chaos.verify import did_not_resume, stalled
+    from chaos.verdicts.progress import did_not_resume, stalled
 
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt()
           .steps(11, 14, rank_step=lambda r, s: s - 10 if r == 1 else s).timeline())
@@ -871,25 +882,25 @@ def preempted_run(jit_step=None):
 
 def test_preemption_window_reports_notice_deadline_and_the_checkpoint_inside():
     tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=True))
     assert v.status == "pass", v.line()
     assert v.evidence["checkpoint_steps"] == [14] and v.evidence["window_s"] == 8.0
     assert "deadline +8.0 s" in v.message and "inside the window at step 14" in v.message
     assert v.evidence["death_reason"].startswith("Terminated due to preemption")
-    [resume] = resumed_from_latest(tl)
+    [resume] = resumed_from_latest(tl, DET)
     assert resume.status == "pass" and resume.evidence["latest_checkpoint_step"] == 14
 
 
 def test_missing_just_in_time_checkpoint_is_a_finding():
     tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=True))
     assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
     assert "no checkpoint committed inside the window" in v.message
 
 
 def test_checkpoint_inside_a_window_that_must_have_none_is_a_finding():
     tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=False))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=False))
     assert v.status == "fail" and v.diagnosis == "checkpoint inside the preemption window", v.line()
     assert v.message.startswith("checkpoint inside the preemption window: notice at +0 s (drain), deadline +8.0 s")
     assert "checkpoint committed inside the window at step 14" in v.message
@@ -899,22 +910,22 @@ def test_checkpoint_inside_a_window_that_must_have_none_is_a_finding():
 def test_checkpoints_only_before_the_notice_and_after_the_node_went_are_outside_the_window():
     # checkpoint 10 before the notice, checkpoint 20 in the attempt after the node went
     tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=False))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=False))
     assert v.status == "pass" and v.diagnosis is None, v.line()
     assert "no checkpoint committed inside the window" in v.message and v.evidence["checkpoint_steps"] == []
 
 
 def test_preemption_window_without_expectation_reports_without_passing():
     tl = preempted_run(jit_step=14).start_attempt().steps(15, 20, every=10).finish().timeline()
-    [v] = preemption_window(tl, Expectation())
+    [v] = preemption_window(tl, Expect())
     assert v.status == "n/a" and "not required either way" in v.message
 
 
 def test_preemption_charged_to_the_preemption_budget_is_within_budget():
     tl = preempted_run().start_attempt().steps(11, 20, every=10).finish().timeline()
-    v = within_budget(tl, Expectation(charged={"preemption": 1}))
+    v = within_budget(tl, Expect(charged={"preemption": 1}))
     assert v.status == "pass" and "charged 1 to max_preemption_failures" in v.message, v.line()
-    v = within_budget(tl, Expectation(charged={"worker_group": 1}))
+    v = within_budget(tl, Expect(charged={"worker_group": 1}))
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
 
 
@@ -959,7 +970,7 @@ def test_within_budget_judges_the_faulted_run_not_a_warm_up():
 
 
 def test_final_state_is_the_faulted_runs():
-    from chaos.verify import final_states
+    from chaos.verdicts.states import final_states
 
     s = Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
     s.start_attempt().steps(11, 20, state=loss)
@@ -976,12 +987,12 @@ def test_an_evaluation_at_the_checkpoint_step_after_the_checkpoint_is_not_the_ne
         if step % 5 == 0:
             s.report({0: step, 1: step})
     tl = s.fault().decision().start_attempt().steps(11, 20).finish().timeline()
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "pass" and "resumed at step 11, right after the latest checkpoint (step 10)" in v.message, \
         v.line()
     # the twin that skips data is still caught
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(13, 20).finish().timeline())
-    [v] = resumed_from_latest(tl)
+    [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint", v.line()
 
 
@@ -1001,7 +1012,7 @@ def looping(limit, failures=3, progress=False):
 
 def test_a_crash_loop_under_an_unlimited_budget_is_a_finding():
     from chaos.progress import Finding, StallWatch
-    from chaos.verify import crash_loop
+    from chaos.verdicts.progress import crash_loop
 
     v = crash_loop(looping(None), 3)
     assert v is not None and v.diagnosis == "crash loop" and v.status == "fail", v
@@ -1023,7 +1034,7 @@ def test_a_crash_loop_under_an_unlimited_budget_is_a_finding():
 
 def test_a_run_that_ends_before_the_trigger_is_a_finding_naming_the_trigger():
     from chaos.triggers import run_ended
-    from chaos.verify import ended_before_fault
+    from chaos.verdicts.progress import ended_before_fault
 
     s = Script().start_attempt().steps(1, 7).finish()
     ended = run_ended(s.events)
@@ -1039,7 +1050,7 @@ def test_a_run_that_ends_before_the_trigger_is_a_finding_naming_the_trigger():
 
 
 def test_a_finish_phase_timeout_is_a_finding_driver_hang_or_run_not_finished():
-    from chaos.verify import did_not_end
+    from chaos.verdicts.run_finished import did_not_end
 
     s = Script().start_attempt().steps(1, 20)
     v = did_not_end(s.events, 600, 120, "RUNNING")
@@ -1063,7 +1074,7 @@ def test_fractional_epoch_steps_are_compared_with_a_tolerance():
     s.fault().decision().start_attempt()
     for e in epochs(11, 20):
         s.report({0: e + 3e-12, 1: e + 3e-12})
-    [v] = resumed_from_latest(s.finish().timeline())
+    [v] = resumed_from_latest(s.finish().timeline(), DET)
     assert v.status == "pass", v.line()
 
 
@@ -1078,16 +1089,16 @@ def windowed(every, window_checkpoint):
 
 
 def test_a_periodic_checkpoint_that_lands_in_the_window_is_no_just_in_time_checkpoint():
-    [v] = preemption_window(windowed(5, 15), Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(windowed(5, 15), Expect(checkpoint_in_window=True))
     assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
     assert "step 15 falls on the script's periodic cadence (every 5 steps from 10)" in v.message
     # the twin: off the cadence, made because of the notice
-    [v] = preemption_window(windowed(5, 13), Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(windowed(5, 13), Expect(checkpoint_in_window=True))
     assert v.status == "pass" and "off the periodic cadence (every 5 steps from 10)" in v.message, v.line()
 
 
 def test_a_window_checkpoint_with_no_cadence_before_the_notice_is_unverifiable():
-    [v] = preemption_window(windowed(None, 14), Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(windowed(None, 14), Expect(checkpoint_in_window=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no checkpoint cadence", v.line()
 
 
@@ -1107,12 +1118,12 @@ def two_preemptions(second_checkpoint_step):
 def test_an_earlier_preemptions_just_in_time_checkpoint_does_not_shift_the_cadence():
     # step 20 is the periodic checkpoint (every 5): anchored on preemption 1's just-in-time 17
     # it looked off the cadence and passed as preemption 2's just-in-time checkpoint
-    first, second = preemption_window(two_preemptions(20), Expectation(checkpoint_in_window=True))
+    first, second = preemption_window(two_preemptions(20), Expect(checkpoint_in_window=True))
     assert first.status == "pass", first.line()
     assert second.status == "fail" and second.diagnosis == "no just-in-time checkpoint", second.line()
     assert "(every 5 steps from 15)" in second.message and second.evidence["periodic_checkpoint_steps"] == [5, 10, 15]
     # twin: preemption 2's checkpoint at 21 is off the cadence, made for the notice
-    first, second = preemption_window(two_preemptions(21), Expectation(checkpoint_in_window=True))
+    first, second = preemption_window(two_preemptions(21), Expect(checkpoint_in_window=True))
     assert second.status == "pass" and "off the periodic cadence (every 5 steps from 15)" in second.message, \
         second.line()
 
@@ -1131,12 +1142,12 @@ def persisted_early(before_notice: bool):
 
 
 def test_a_checkpoint_persisted_before_the_notice_and_committed_after_it_is_no_just_in_time_checkpoint():
-    [v] = preemption_window(persisted_early(before_notice=True), Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(persisted_early(before_notice=True), Expect(checkpoint_in_window=True))
     assert v.status == "fail" and v.diagnosis == "no just-in-time checkpoint", v.line()
     assert "the checkpoint at step 13 was already on storage 0.5 s before the notice" in v.message
     assert v.evidence["persisted_before_notice"] == [13]
     # the twin: persisted after the notice, off the cadence: made because of it
-    [v] = preemption_window(persisted_early(before_notice=False), Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(persisted_early(before_notice=False), Expect(checkpoint_in_window=True))
     assert v.status == "pass" and "off the periodic cadence" in v.message, v.line()
 
 
@@ -1148,7 +1159,7 @@ def test_a_checkpoint_persisted_after_the_notice_passes_even_when_train_reports_
     s.events.append(s._e("recorder", "train_preemption_notice", 0.0, attempt=s.attempt, preempted_ranks=[1]))
     s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False).report({0: 14, 1: 14})
     tl = s.gone().decision(budget_class="preemption").start_attempt().steps(14, 20, every=None).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=True))
     assert v.status == "pass", v.line()
 
 
@@ -1156,7 +1167,7 @@ def test_a_window_checkpoint_nobody_was_seen_persisting_is_unverifiable():
     s = Script().start_attempt().steps(1, 12, every=10).preemption(window_s=8.0)
     s.report({0: 13, 1: 13}, "/storage/checkpoint_13", persisted=False)
     tl = s.gone().decision(budget_class="preemption").start_attempt().steps(14, 20, every=None).finish().timeline()
-    [v] = preemption_window(tl, Expectation(checkpoint_in_window=True))
+    [v] = preemption_window(tl, Expect(checkpoint_in_window=True))
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no persist record", v.line()
 
 
@@ -1164,24 +1175,24 @@ def test_a_window_checkpoint_nobody_was_seen_persisting_is_unverifiable():
 def test_a_state_that_does_not_reproduce_is_a_warning_unless_the_workload_is_deterministic():
     tl = (Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision()
           .start_attempt().steps(11, 20, state=lambda r, s: loss(r, s) * 1.5).finish().timeline())
-    [v] = state_restored(tl, deterministic=False)
+    [v] = state_restored(tl, Expect(deterministic=False))
     assert v.status == "warning" and v.diagnosis == "state differs", v.line()
     assert "a warning, not a failure" in v.message and "--chaos-deterministic" in v.message
     assert not v.fails() and not v.fails("fail")
     check([v])  # a warning never fails the test
-    [v] = state_restored(tl, deterministic=True)
+    [v] = state_restored(tl, DET)
     assert v.status == "fail" and v.diagnosis == "state not restored"
     # through verdicts_for, the expectation decides
-    assert [x.status for x in verdicts_for(tl, Expectation(charged={"worker_group": 1}, deterministic=False))
+    assert [x.status for x in judge(tl, Expect(charged={"worker_group": 1}, deterministic=False))
             if x.name.startswith("state-restored")] == ["warning"]
 
 
 def test_at_the_checkpoint_step_a_next_step_that_does_not_reproduce_warns_for_a_nondeterministic_script():
     tl = evaluated_or_retrained(12, 11, every_after=None, state_after=lambda r, s: train_loss(r, s) * 1.1)
-    [v] = resumed_from_latest(tl, deterministic=False)
+    [v] = resumed_from_latest(tl, Expect(deterministic=False))
     assert v.status == "warning" and v.diagnosis == "state differs", v.line()
     assert "began at the checkpoint's own step 10" in v.message and "not declared deterministic" in v.message
-    [v] = resumed_from_latest(tl, deterministic=True)
+    [v] = resumed_from_latest(tl, DET)
     assert v.status == "fail" and v.diagnosis == "state not restored"
 
 
@@ -1190,7 +1201,7 @@ def test_a_refused_state_metric_is_unverifiable_naming_what_was_reported():
     for e in s.events:
         if e.kind == "report" and e.data["steps"]["0"] == 3:
             e.data["state_refused"] = {"0": "loss = 'nan' (str)"}
-    [v] = state_restored(s.finish().timeline())
+    [v] = state_restored(s.finish().timeline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
     assert "rank 0 reported loss = 'nan' (str), not a number" in v.message
 
@@ -1209,20 +1220,20 @@ def survivors_commit(without, resume_at, survivor_steps=(13, 13)):
 
 
 def test_a_checkpoint_the_survivors_committed_without_a_preempted_rank_judges_that_rank_too():
-    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14))
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14), DET)
     assert v.status == "pass", v.line()
     assert "committed by rank 0, 2 without rank 1, which was being preempted" in v.evidence["ranks"][1]["rule"], \
         v.evidence
     # the buggy twin: every rank restarts at 11 (a restore of checkpoint 10): rank 1 included
-    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=11))
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=11), DET)
     assert v.status == "fail" and v.diagnosis == "resumed from an older checkpoint", v.line()
 
 
 def test_a_commit_without_a_rank_nobody_explains_or_whose_survivors_disagree_is_unverifiable():
     # no without_ranks: nothing says why rank 1 is missing from the commit
-    [v] = resumed_from_latest(survivors_commit(without=False, resume_at=14))
+    [v] = resumed_from_latest(survivors_commit(without=False, resume_at=14), DET)
     assert v.status == "unverifiable" and "carried no step for rank 1" in v.message, v.line()
     # the survivors committed it at different steps: which one is rank 1's is not known
-    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14, survivor_steps=(13, 12)))
+    [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14, survivor_steps=(13, 12)), DET)
     assert v.status != "pass" and v.evidence["ranks"][1]["status"] == "unverifiable", v.line()
     assert v.evidence["ranks"][1]["why"] == "the latest checkpoint's report carried no step for rank 1", v.evidence

@@ -10,7 +10,9 @@ import pytest
 
 from chaos.errors import InjectionError
 from chaos.faults.xid import KMSG_SCRIPT, XIDS, AgentSignals, Xid, harness_btime, harness_env, xid_line
-from chaos.verify import Expectation, node_recovery_chain, within_budget
+from chaos.verdicts import Expect
+from chaos.verdicts.node_recovery import node_recovery_chain
+from chaos.verdicts.budget import within_budget
 from timelines import Script
 
 CUDA_ERROR = "RuntimeError: CUDA error: unspecified launch failure (CUDA_ERROR_UNKNOWN)"
@@ -44,7 +46,7 @@ def test_a_failure_ray_notices_after_the_node_is_back_is_still_the_xids():
     s = Script().start_attempt().steps(1, 11).xid(agent_after=0.2, back_after=0.2)
     s.at(max(e.t for e in s.events) + 1).decision(error="the actor's node was terminated unexpectedly")
     s.start_attempt().steps(11, 15).finish()
-    v = within_budget(s.timeline(), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    v = within_budget(s.timeline(), Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "pass", v.line()
 
 
@@ -93,7 +95,7 @@ def test_every_failure_until_the_node_is_back_is_the_xid_faults_own_charge():
     """A restart placed on the dead node before the agent acted fails again: two charges, both
     the fault's; one of the outcomes measured."""
     tl = xid_run(decisions=2).finish().timeline()
-    expect = Expectation(charge_outcomes=[{"worker_group": 1}, {"worker_group": 2}])
+    expect = Expect(charge_outcomes=[{"worker_group": 1}, {"worker_group": 2}])
     v = within_budget(tl, expect)
     assert v.status == "pass", v.line()
     assert "node-recovery fault(s) charged {'worker_group': 2}" in v.message, v.message
@@ -101,13 +103,13 @@ def test_every_failure_until_the_node_is_back_is_the_xid_faults_own_charge():
 
 
 def test_a_charge_outside_the_measured_outcomes_fails():
-    v = within_budget(xid_run(decisions=2).finish().timeline(), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    v = within_budget(xid_run(decisions=2).finish().timeline(), Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "charge not among the measured outcomes", v.line()
 
 
 def test_a_failure_after_the_node_is_back_is_unrelated():
     v = within_budget(xid_run(decisions=1, after_back=1).finish().timeline(),
-                      Expectation(charge_outcomes=[{"worker_group": 1}]))
+                      Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
 
 
@@ -118,7 +120,7 @@ def test_a_dead_gpu_nobody_recovers_exhausts_the_budget_and_never_passes():
         if i < 2:
             s.start_attempt()
     tl = s.finish("ERRORED").timeline()
-    v = within_budget(tl, Expectation(charge_outcomes=[{"worker_group": 1}]))
+    v = within_budget(tl, Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "retry budget exhausted" and "3 failures" in v.message, v.line()
     assert v.evidence["charged_by_node_recovery_faults"] == {"worker_group": 3}, "the dead GPU's failures are the xid's"
     assert all(x.status == "fail" for x in node_recovery_chain(tl))
@@ -227,7 +229,7 @@ def test_the_refusal_fails_closed(how):
 
 
 def test_an_xid_charge_without_measured_outcomes_is_unverifiable():
-    v = within_budget(xid_run().finish().timeline(), Expectation())
+    v = within_budget(xid_run().finish().timeline(), Expect())
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no measured outcomes", v.line()
 
 
@@ -245,5 +247,5 @@ def test_without_a_watched_recovery_the_xids_window_ends_when_the_run_recovered(
     s = Script().start_attempt().steps(1, 11).xid(agent_after=1.0)
     s.decision(error=CUDA_ERROR).start_attempt().steps(11, 15)
     s.decision(error="rank 0 died").start_attempt().steps(16, 20).finish()
-    v = within_budget(s.timeline(), Expectation(charge_outcomes=[{"worker_group": 1}]))
+    v = within_budget(s.timeline(), Expect(charge_outcomes=[{"worker_group": 1}]))
     assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()

@@ -164,3 +164,55 @@ class Script:
 
     def timeline(self):
         return Timeline(sorted(self.events, key=lambda e: e.t))  # an xid chain's events land ahead of the clock
+
+
+class Recorded:
+    """A run as the recorder makes it of Ray Train's hook calls (chaos.train.recording fed
+    facts, as the recorder callback hands them over): for shapes whose events depend on what
+    the recorder makes of a report (a step-less checkpoint, a string step, a NaN loss)."""
+
+    def __init__(self, ranks=2, step_metric="auto", state_metric="auto", max_failures=3):
+        from chaos.train.recording import Recording
+
+        self.events, self.harness, self.t, self.ranks = [], [], 1000.0, ranks
+        self.max_failures = max_failures
+        self.recording = Recording(step_metric, state_metric, self.events.append)
+        self.take("controller_started", run_id="run1", run_name="r", storage_path="/storage", num_workers=ranks,
+                  failure_config={"max_failures": max_failures})
+
+    def take(self, hook, dt=0.5, **facts):
+        self.t += dt
+        self.recording.take(hook, self.t, facts)
+        return self
+
+    def start_attempt(self):
+        return self.take("worker_group_started", 1.0, workers=[
+            {"rank": r, "node_id": f"n{r}", "node_ip": f"127.0.1.{r + 2}", "pid": r + 1} for r in range(self.ranks)])
+
+    def report(self, metrics, checkpoint=None):
+        """One report round: every rank reports ``metrics`` (a dict, or a function of the rank)."""
+        per_rank = [dict(metrics(r) if callable(metrics) else metrics) for r in range(self.ranks)]
+        return self.take("reported", metrics=per_rank, checkpoint=checkpoint)
+
+    def fault(self, node_id="n1"):
+        """A raylet kill of rank 1's node, detected, and Ray's decision to retry."""
+        self.t += 0.5
+        self.harness += [Event(self.t, "fault", "fault_injected", {
+                             "fault": "raylet-kill", "ledger_id": "f1", "detect_by": "node",
+                             "target": {"node_id": node_id, "node_ip": "127.0.1.3"}}),
+                         Event(self.t + 1, "cluster", "node_dead", {"node_id": node_id}),
+                         Event(self.t + 1, "fault", "fault_detected", {"ledger_id": "f1", "by": "node_dead"})]
+        self.t += 1.5
+        self.take("policy_logged", message=f"[FailurePolicy] RETRY Source: worker group Error count: 1 (max allowed: "
+                                           f"{self.max_failures})\nError: rank 1 died",
+                  error_types=["WorkerGroupError", "ActorDiedError"])
+        return self.take("failure_decision", decision="RETRY")
+
+    def finish(self):
+        self.take("state_changed", prev="RUNNING", cur="FINISHED", terminal=True, error=None)
+        self.take("controller_finished", error=None)
+        self.harness.append(Event(self.t + 0.5, "harness", "job_finished", {"status": "SUCCEEDED"}))
+        return self
+
+    def timeline(self):
+        return Timeline([*(Event.from_json(e) for e in self.events), *self.harness])

@@ -48,12 +48,12 @@ def state_digest(model, optimizer) -> str:
     """The first 16 hex digits of a sha256 over every parameter and buffer and the
     optimizer's state (tensors and hyper-parameters): equal only when two runs' models are
     bit-identical, so a restart that restored the step but not the weights or the
-    optimizer shows in the final state (chaos.verify.final_state_matches)."""
+    optimizer shows in the final state (chaos.verdicts.final_state)."""
     return _digest(*_tensor_chunks(model.state_dict()), *_optimizer_chunks(optimizer))
 
 
 # The parts of the state a restore must bring back, in the order a trajectory verdict names
-# them (chaos.verify.DIGEST_PARTS); the reference workload reports digest_<part> for each.
+# them (chaos.verdicts.states.DIGEST_PARTS); the reference workload reports digest_<part> for each.
 PARTS = ("data", "rng", "scheduler", "optimizer", "weights")
 POOL = 1024  # samples in the dataset the data cursor walks through, reshuffled every pass
 BATCH = 64  # samples per rank per step

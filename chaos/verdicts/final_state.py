@@ -1,0 +1,103 @@
+"""final-state: the finished run ends where a fault-free run of the same workload and seed
+ends (each rank's step and state at its last report): a restart that restored the step but
+not the weights, optimizer, RNG or data order ends somewhere else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.timeline import Timeline
+from chaos.verdicts.diagnosis import Diagnosis
+from chaos.verdicts.expect import Expect
+from chaos.verdicts.states import (
+    STATE_DIGEST_METRICS,
+    Baseline,
+    baseline_unusable,
+    faulted_run_events,
+    final_states,
+    fmt,
+)
+from chaos.verdicts.status import Status
+from chaos.verdicts.tolerance import STATE_ATOL, STATE_RTOL, close
+from chaos.verdicts.verdict import Verdict
+
+NAME = "final-state"
+
+
+class FinalState:
+    name = NAME
+    judges_a_stopped_run = True
+
+    def applies(self, expect: Expect) -> bool:
+        return expect.final_state and expect.reference is not None
+
+    def check(self, timeline: Timeline, expect: Expect) -> list[Verdict]:
+        assert expect.reference is not None
+        return [final_state_matches(timeline, expect.reference, expect.state_rtol)]
+
+
+def _names(state: dict[str, Any]) -> str:
+    return ", ".join(sorted(state)) or "no state value"
+
+
+def _sorted_ranks(mine: dict[int, dict[str, Any]], baseline: Baseline,
+                  rtol: float) -> tuple[list[str], list[str], list[str], list[int]]:
+    """(differ, compared, uncompared, stateless), rank by rank."""
+    differ, compared, uncompared, stateless = [], [], [], []
+    for rank in sorted(set(mine) | set(baseline.final)):
+        got, want = mine.get(rank), baseline.final.get(rank)
+        if got is None or want is None:
+            differ.append(f"rank {rank} never reported in {'the faulted run' if got is None else 'the baseline'}")
+            continue
+        common = sorted(set(got["state"]) & set(want["state"]))
+        if got["step"] != want["step"]:
+            differ.append(f"rank {rank} finished at step {got['step']}, the baseline at step {want['step']}")
+            continue
+        bad = [m for m in common if not close(got["state"][m], want["state"][m], rtol, STATE_ATOL)]
+        if bad:
+            differ.append(f"rank {rank} at step {got['step']}: " + ", ".join(
+                f"{m} {fmt(got['state'][m])} but {fmt(want['state'][m])} in the baseline" for m in bad))
+        elif common:
+            values = ", ".join(f"{m} {fmt(got['state'][m])}" for m in common)
+            compared.append(f"rank {rank} at step {got['step']} ({values})")
+        elif got["state"] or want["state"]:  # a state on one side only: this rank's is not compared
+            uncompared.append(f"rank {rank} at step {got['step']} reported {_names(got['state'])} in the faulted run "
+                              f"but {_names(want['state'])} in the baseline")
+        else:
+            stateless.append(rank)
+    return differ, compared, uncompared, stateless
+
+
+def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = STATE_RTOL) -> Verdict:
+    fin = next((e for e in faulted_run_events(timeline) if e.kind == "run_finished"), None)
+    ended = fin.data.get("state") if fin else None
+    mine = final_states(timeline)
+    evidence = {"final": mine, "baseline": baseline.to_json(), "rtol": rtol, "atol": STATE_ATOL}
+    if ended != "FINISHED":
+        how = f"it ended {ended}" if ended else "no final controller state was recorded"
+        return Verdict(NAME, Status.UNVERIFIABLE, f"unverifiable: the run did not finish ({how}), so it has no final "
+                       "state to compare with the fault-free baseline", Diagnosis.RUN_DID_NOT_FINISH_FOR_STATE,
+                       evidence)
+    if not any(v["state"] for v in mine.values()):
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no state metric: the run's reports carry no state "
+                       f"value (--chaos-state-metric, or a {' / '.join(STATE_DIGEST_METRICS)} metric), so its final "
+                       "state cannot be compared", Diagnosis.NO_STATE_METRIC, evidence)
+    unusable = baseline_unusable(timeline, baseline)
+    if unusable:
+        return Verdict(NAME, Status.UNVERIFIABLE, unusable, Diagnosis.NO_BASELINE, evidence)
+    differ, compared, uncompared, stateless = _sorted_ranks(mine, baseline, rtol)
+    origin = baseline.origin()
+    if differ:
+        return Verdict(NAME, Status.FAIL, "final state differs from the fault-free run's: " + "; ".join(differ)
+                       + f" ({origin})", Diagnosis.FINAL_STATE_DIFFERS, evidence)
+    if uncompared and compared:
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no state metric in common for every rank: "
+                       + "; ".join(uncompared) + f", so its final state cannot be compared ({origin})",
+                       Diagnosis.NO_STATE_METRIC, evidence)
+    if not compared:
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no state metric: the run and its baseline report no "
+                       "state metric in common", Diagnosis.NO_STATE_METRIC, evidence)
+    alike = (f"; rank(s) {', '.join(map(str, stateless))} reported no state value in either run, their steps "
+             "alike" if stateless else "")
+    return Verdict(NAME, Status.PASS, "every rank ended in the fault-free run's state: " + "; ".join(compared) + alike
+                   + f" ({origin})", None, evidence)

@@ -1,0 +1,75 @@
+"""run-finished: the run the faults hit ends FINISHED and its job SUCCEEDED (ERRORED and
+FAILED when exhaustion is expected); and what a finish phase that timed out means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.timeline import Event, Timeline
+from chaos.verdicts.diagnosis import Diagnosis
+from chaos.verdicts.expect import Expect
+from chaos.verdicts.progress import last_steps
+from chaos.verdicts.states import faulted_run_events
+from chaos.verdicts.status import Status
+from chaos.verdicts.verdict import Verdict
+
+NAME = "run-finished"
+
+
+class RunFinished:
+    name = NAME
+    judges_a_stopped_run = False
+
+    def applies(self, expect: Expect) -> bool:
+        return True
+
+    def check(self, timeline: Timeline, expect: Expect) -> list[Verdict]:
+        return [run_finished(timeline, expect)]
+
+
+def run_finished(timeline: Timeline, expect: Expect | None = None) -> Verdict:
+    expect = expect or Expect()
+    fin = next((e for e in faulted_run_events(timeline) if e.kind == "run_finished"), None)
+    job = timeline.first("job_finished")
+    status = job.data.get("status") if job else None
+    evidence = {"run_state": fin.data.get("state") if fin else None, "job_status": status,
+                "error": (fin.data.get("error") if fin else None) or (job.data.get("message") if job else None)}
+    if fin is None:
+        return Verdict(NAME, Status.FAIL, "run did not finish: no final controller state was recorded "
+                       f"(job status {status})", Diagnosis.RUN_DID_NOT_FINISH, evidence)
+    state = fin.data.get("state")
+    if expect.budget_exhausted:
+        return _exhausted(state, status, evidence)
+    if state == "FINISHED" and status == "SUCCEEDED":
+        return Verdict(NAME, Status.PASS, "the run finished (FINISHED) and its job SUCCEEDED", None, evidence)
+    if state == "FINISHED":
+        return Verdict(NAME, Status.FAIL, f"run failed: training FINISHED but the job ended {status}: "
+                       f"{evidence['error']}", Diagnosis.RUN_FAILED, evidence)
+    return Verdict(NAME, Status.FAIL, f"run failed: ended {state}: {evidence['error']}", Diagnosis.RUN_FAILED, evidence)
+
+
+def _exhausted(state: Any, status: Any, evidence: dict[str, Any]) -> Verdict:
+    if state == "ERRORED" and status is None:
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no job status: the run ended ERRORED, but its job's "
+                       "final status was never read, so nothing shows the driver failed with it (a driver that "
+                       "swallows the error ends SUCCEEDED)", Diagnosis.NO_JOB_STATUS, evidence)
+    if state == "ERRORED" and status == "FAILED":
+        return Verdict(NAME, Status.EXPECTED, "the run ended in a clean failure (ERRORED), as budget exhaustion should",
+                       None, evidence)
+    return Verdict(NAME, Status.FAIL, f"run did not fail cleanly: it ended {state} (job {status}), but budget "
+                   "exhaustion should end it ERRORED", Diagnosis.RUN_DID_NOT_FAIL_CLEANLY, evidence)
+
+
+def did_not_end(events: list[Event], waited_s: float, driver_exit_s: float, job_status: str | None) -> Verdict:
+    """The finish phase's deadline passed: the run never ended within ``waited_s``, or its
+    driver had not exited ``driver_exit_s`` after Train's run had."""
+    fins = [e for e in events if e.kind == "run_finished"]
+    evidence: dict[str, Any] = {"waited_s": waited_s, "job_status": job_status, "last_steps": last_steps(events)}
+    if fins:
+        evidence["waited_s"] = driver_exit_s
+        return Verdict(NAME, Status.FAIL, f"driver did not exit: Train's run ended {fins[-1].data.get('state')}, but "
+                       f"{driver_exit_s:.0f} s later its job was still {job_status or 'not ended'} (the script hangs "
+                       "after fit() returned)", Diagnosis.DRIVER_DID_NOT_EXIT, evidence)
+    steps = ", ".join(f"rank {r} at step {s}" for r, s in sorted(evidence["last_steps"].items())) or "no report"
+    return Verdict(NAME, Status.FAIL, f"run did not finish within {waited_s:.0f} s after the last fault "
+                   f"(job {job_status or 'not ended'}; last steps: {steps})", Diagnosis.RUN_DID_NOT_FINISH, evidence)

@@ -1,0 +1,148 @@
+"""state-trajectory: every report of the run the faults hit, step by step and rank by rank,
+reproduces the fault-free run's state at the same step (the state metric within the suite's
+tolerance, digests exactly).  A restore that brought the step back but not the optimizer,
+scheduler, RNG or data position leaves the trajectory at the first step that depends on the
+lost part — a step the state-restored verdict (re-done steps only) may never see.  A run that
+left the baseline *before* any fault does not reproduce it at all: unverifiable, not judged."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from chaos.timeline import Timeline
+from chaos.verdicts.diagnosis import Diagnosis
+from chaos.verdicts.expect import Expect
+from chaos.verdicts.resume_rank import DETERMINISM_HINT
+from chaos.verdicts.states import (
+    DIGEST_PARTS,
+    PART_CAUSES,
+    TRAJECTORY_METRICS,
+    Baseline,
+    baseline_unusable,
+    faulted_run_reports,
+    fmt,
+    rank_states,
+)
+from chaos.verdicts.status import Status
+from chaos.verdicts.tolerance import STATE_ATOL, same_state, step_key
+from chaos.verdicts.verdict import Verdict
+
+NAME = "state-trajectory"
+
+
+class StateTrajectory:
+    name = NAME
+    judges_a_stopped_run = True
+
+    def applies(self, expect: Expect) -> bool:
+        return expect.trajectory is not None
+
+    def check(self, timeline: Timeline, expect: Expect) -> list[Verdict]:
+        assert expect.reference is not None
+        return [state_trajectory(timeline, expect.reference, expect)]
+
+
+@dataclasses.dataclass
+class _Followed:
+    compared: list[dict[str, Any]]
+    first_off: dict[str, Any] | None  # the first report after the fault that left the baseline
+    off_before: dict[str, Any] | None  # the first that left it before any fault
+    first_attempt: int
+    attempts_after: set[int]  # the attempts after the first that reported
+    stateless: bool  # the run's reports carry no state at all
+
+
+def _same(a: Any, b: Any, rtol: float) -> bool:
+    return same_state(a, b, rtol) if isinstance(a, (int, float)) else bool(a == b)
+
+
+def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
+    reports, metric = faulted_run_reports(timeline)
+    fault = timeline.first("fault_injected")
+    base = {rank: {step_key(step): state for step, state in rows} for rank, rows in baseline.trajectory.items()}
+    first_attempt = min((r.attempt for r in reports if r.attempt is not None), default=0)
+    out = _Followed([], None, None, first_attempt, {r.attempt for r in reports if r.attempt is not None
+                                                    and r.attempt > first_attempt}, True)
+    for r in reports:
+        for rank, (step, state) in rank_states(r, metric, TRAJECTORY_METRICS).items():
+            out.stateless = out.stateless and not state
+            want = base.get(rank, {}).get(step_key(step)) or {}
+            common = sorted(set(state) & set(want))
+            if not common:
+                continue
+            bad = [m for m in common if not _same(state[m], want[m], rtol)]
+            row = {"attempt": r.attempt, "rank": rank, "step": step, "metrics": common, "differ": bad,
+                   "got": {m: state[m] for m in bad}, "baseline": {m: want[m] for m in bad},
+                   "after_fault": fault is not None and r.t >= fault.t}
+            out.compared.append(row)
+            if bad and not row["after_fault"] and out.off_before is None:
+                out.off_before = row
+            if bad and row["after_fault"] and out.first_off is None:
+                out.first_off = row
+    return out
+
+
+def state_trajectory(timeline: Timeline, baseline: Baseline, expect: Expect | None = None) -> Verdict:
+    expect = expect or Expect()
+    rtol = expect.state_rtol
+    f = _follow(timeline, baseline, rtol)
+    origin = baseline.origin()
+    evidence = {"baseline_key": baseline.key, "rtol": rtol, "atol": STATE_ATOL, "compared": len(f.compared),
+                "first_divergence": f.first_off, "before_the_fault": f.off_before}
+    unusable = baseline_unusable(timeline, baseline)
+    if unusable:
+        return Verdict(NAME, Status.UNVERIFIABLE, unusable, Diagnosis.NO_BASELINE, evidence)
+    if f.stateless:
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no state metric: the run's reports carry no state "
+                       "value (--chaos-state-metric, or digest_<part> metrics), so its trajectory cannot be followed",
+                       Diagnosis.NO_STATE_METRIC, evidence)
+    if f.off_before is not None:
+        return Verdict(NAME, Status.UNVERIFIABLE, f"unverifiable: baseline not reproduced: {_divergence(f.off_before)} "
+                       "before any fault was injected, so the workload does not reproduce its fault-free run at rtol "
+                       f"{rtol:g} and nothing after the fault can be blamed on the restore (seed every source of "
+                       "randomness, or allow more with --chaos-state-rtol)", Diagnosis.BASELINE_NOT_REPRODUCED,
+                       evidence)
+    if f.first_off is not None:
+        return _left(f.first_off, origin, expect, evidence)
+    return _followed(f, origin, rtol, evidence)
+
+
+def _left(row: dict[str, Any], origin: str, expect: Expect, evidence: dict[str, Any]) -> Verdict:
+    what = f"{_divergence(row)} ({origin})"
+    parts = [p for p in DIGEST_PARTS if f"digest_{p}" in row["differ"]]
+    why = (PART_CAUSES[parts[0]] + (f" (digest_{parts[0]} differs" + (
+        f"; so does {', '.join('digest_' + p for p in parts[1:])}" if parts[1:] else "") + ")")
+        if parts else "usually the optimizer's or LR scheduler's state, the RNG or the data position was not restored")
+    if expect.is_deterministic:
+        return Verdict(NAME, Status.FAIL, f"state not restored: {what}: {why}", Diagnosis.STATE_NOT_RESTORED, evidence)
+    return Verdict(NAME, Status.WARNING, f"state differs: {what}: {why} — a warning, not a failure: the workload is "
+                   f"not declared deterministic ({DETERMINISM_HINT})", Diagnosis.STATE_DIFFERS, evidence)
+
+
+def _followed(f: _Followed, origin: str, rtol: float, evidence: dict[str, Any]) -> Verdict:
+    restarted = [c for c in f.compared if c["attempt"] > f.first_attempt]
+    unfollowed = sorted(f.attempts_after - {c["attempt"] for c in restarted})
+    if restarted and unfollowed:  # one attempt's steps do not vouch for another's
+        return Verdict(NAME, Status.UNVERIFIABLE, f"unverifiable: no step to compare in attempt(s) "
+                       f"{', '.join(map(str, unfollowed))}: they reported no step the fault-free run reported with a "
+                       f"state value, so their restored state is not followed ({origin})",
+                       Diagnosis.NO_STEP_TO_COMPARE, evidence)
+    if not restarted:
+        if not f.attempts_after:
+            return Verdict(NAME, Status.NOT_APPLICABLE, "not checked: no attempt after the first reported, so no "
+                           "restored state to follow", None, evidence)
+        return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no step to compare: the restarted attempts reported "
+                       f"no step the fault-free run reported with a state value ({origin})",
+                       Diagnosis.NO_STEP_TO_COMPARE, evidence)
+    steps = sorted({c["step"] for c in restarted})
+    metrics = sorted({m for c in restarted for m in c["metrics"]})
+    return Verdict(NAME, Status.PASS, f"{len(restarted)} report(s) of the restarted attempt(s) at steps "
+                   f"{fmt(steps[0])}..{fmt(steps[-1])} followed the fault-free trajectory ({', '.join(metrics)}; rtol "
+                   f"{rtol:g}; {origin})", None, evidence)
+
+
+def _divergence(row: dict[str, Any]) -> str:
+    values = ", ".join(f"{m} {fmt(row['got'][m])} but {fmt(row['baseline'][m])} in the baseline" for m in row["differ"])
+    where = f"attempt {row['attempt']}, rank {row['rank']}"
+    return f"step {fmt(row['step'])} ({where}) left the fault-free trajectory: {values}"
