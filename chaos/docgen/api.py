@@ -17,7 +17,7 @@ from chaos.faults.xid import XIDS
 from chaos.pytest_plugin import Chaos
 from chaos.shim.plan import PRESETS, Plan
 from chaos.train.run import reference_spec
-from chaos.verify import Verdict
+from chaos.verdicts import Diagnosis, Expect, Status, Verdict
 
 INTRO = """
 A chaos suite is a pytest test that takes the `chaos` fixture (the harness's pytest plugin
@@ -78,6 +78,9 @@ def _fixture() -> str:
     for name in CHAOS_METHODS:
         out += _entry(f"`chaos.{name}`", f"chaos.{name}{signature(getattr(Chaos, name))}",
                       doc_of(getattr(Chaos, name)))
+        if name == "expect":
+            out += ("Its fields (`chaos.verdicts.Expect`, keyword-only, never changed in place: what a suite leaves "
+                    "unset follows from its faults, the profile and the options):\n\n" + _fields(Expect))
         if name == "workload":
             out += ("The reference workload's parameters (`chaos.train.run.reference_spec`; `seed` defaults to "
                     "`--chaos-seed`, `python` to the cluster's):\n\n"
@@ -136,7 +139,10 @@ def _outcome() -> str:
         out += _entry(f"`Outcome.{name}`", f"outcome.{name}{signature(getattr(Outcome, name))}",
                       doc_of(getattr(Outcome, name)))
     return out + ("### `Verdict`\n\nOne verdict: its name, status, message, diagnosis and evidence.\n\n"
-                  + _fields(Verdict))
+                  + _fields(Verdict) + "`status` is a `chaos.verdicts.Status`: "
+                  + ", ".join(code(s.value) for s in sorted(Status, key=lambda s: s.rank))
+                  + " in that order (several merge to the greatest); `diagnosis` a `chaos.verdicts.Diagnosis` "
+                  f"({len(Diagnosis)}: [diagnoses.md](diagnoses.md)).\n\n")
 
 
 def render() -> str:

@@ -37,7 +37,7 @@ def test_only_fail_and_by_default_unverifiable_fail_a_test():
 
 def test_expect_is_keyword_only_and_never_changed_in_place():
     with pytest.raises(TypeError):
-        Expect({"worker_group": 1})  # noqa: the point is that it raises
+        Expect({"worker_group": 1})  # type: ignore[misc]  # positional: refused
     e = Expect(charged={"worker_group": 1})
     with pytest.raises(dataclasses.FrozenInstanceError):
         e.budget_exhausted = True  # type: ignore[misc]
