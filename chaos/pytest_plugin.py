@@ -553,17 +553,9 @@ class Chaos:
 
         return Correlated.on_ranks(fault, ranks, start_timeout_s=start_timeout_s)
 
-    def expect(self, **fields) -> Expect:
-        """Override what the faults imply (chaos.verdicts.Expect, keyword-only), e.g.
-        ``chaos.expect(budget_exhausted=True)``; ``final_state=True`` also compares the run's
-        final state with a fault-free run's; ``baseline=True`` follows the run step by step
-        against a fault-free run's (as --chaos-baseline); ``deterministic=True`` makes a state
-        value that does not reproduce a failure; ``charge_outcomes``: the charges measured for an
-        ``xid`` fault, one of which must be seen; ``head_outcome``: what a head fault should do
-        to the run (default: what Ray was measured to do)."""
-        if "charge_outcomes" in fields and fields["charge_outcomes"] is not None:
-            fields["charge_outcomes"] = tuple(fields["charge_outcomes"])
-        return Expect(**fields)
+    # ``chaos.expect(...)`` is the Expect itself (keyword-only): what a suite says should happen, its
+    # unset fields derived by ``run`` (``_expectation``).
+    expect = staticmethod(Expect)
 
     def _expectation(self, expect: Expect, faults: list, workload: RunSpec) -> Expect:
         """``expect`` with its unset fields derived from ``faults``, the profile and the options."""

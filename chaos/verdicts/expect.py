@@ -18,6 +18,16 @@ from chaos.verdicts.tolerance import STATE_RTOL
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Expect:
+    """What a suite says should happen (``chaos.expect(...)``), e.g.
+    ``chaos.expect(budget_exhausted=True)``.  ``final_state=True`` also compares the run's final
+    state with a fault-free run's; ``baseline=True`` follows the run step by step against one (as
+    --chaos-baseline); ``deterministic=True`` makes a state value that does not reproduce a
+    failure; ``charge_outcomes``: the charges measured for an ``xid`` fault, one of which must be
+    seen; ``head_outcome``: what a head fault should do to the run (default: what Ray was measured
+    to do).  What it leaves unset follows from the faults: the charge each costs, the SLOs of
+    their kinds (the profile's, else --chaos-slo-detect / --chaos-slo-recover), the workload's
+    determinism."""
+
     # budget class -> failures the faults should charge (None: what each fault's kind costs)
     charged: Mapping[str, int] | None = None
     # fault kind -> the budget class each of its faults should be charged to (None: the catalog's)
@@ -39,6 +49,10 @@ class Expect:
     charge_outcomes: tuple[Mapping[str, int], ...] | None = None
     head_outcome: str | None = None  # what a head fault should do (None: what the pinned Ray does)
     reference: Baseline | None = None  # the fault-free run chaos.baseline made (final_state, baseline)
+
+    def __post_init__(self) -> None:
+        if self.charge_outcomes is not None and not isinstance(self.charge_outcomes, tuple):
+            object.__setattr__(self, "charge_outcomes", tuple(self.charge_outcomes))
 
     @property
     def charges(self) -> dict[str, int]:
