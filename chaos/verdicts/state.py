@@ -45,7 +45,9 @@ class StateRestored:
 
 @dataclasses.dataclass
 class Compared:
-    """One re-done report of one rank against the earlier one."""
+    """One re-done report of one rank against the earlier one — or, ``against_checkpoint``,
+    the state the restart's first step began from against the digests the checkpoint's
+    report gave of the state it saved (``saved_digest_<part>``)."""
 
     rank: int
     step: Any
@@ -54,6 +56,7 @@ class Compared:
     earlier_attempt: int
     differ: list[str]  # the state metric and digests that did not reproduce
     digests: list[str]  # the digests compared
+    against_checkpoint: Any = None  # the checkpoint's step
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +132,28 @@ def _against(run: RunReports, now: Row, was: Row, rank: int, step: Any) -> Compa
     return Compared(rank, step, value, earlier, was.attempt, differ, digests)
 
 
+def _against_the_checkpoint(run: RunReports, attempt: int) -> list[Compared]:
+    """The state ``attempt``'s first step began from against the state the latest checkpoint
+    saved, where the checkpoint's report gave its digests (the reference workload's
+    ``saved_digest_<part>``): the whole restored state shown with no step re-done.  Only a first
+    step after the checkpoint's own (one at or before it is the resume verdict's to judge)."""
+    commits = run.commits_before(attempt)
+    latest = commits[-1] if commits else None
+    rank = next(iter(latest.data.steps or {}), None) if latest is not None else None
+    if latest is None or rank is None or rank not in latest.steps:
+        return []
+    saved = {m.removeprefix("saved_"): v for m, v in latest.data.metrics.items() if m.startswith("saved_digest_")}
+    first = run.first_step_of(attempt, rank)
+    if not saved or first is None or not first[1] > latest.steps[rank]:
+        return []
+    began = _digests(first[0], rank)
+    common = sorted(set(saved) & set(began))
+    if not common:
+        return []
+    return [Compared(rank, first[1], None, None, latest.attempt, [m for m in common if began[m] != saved[m]], common,
+                     latest.steps[rank])]
+
+
 def _first_reports_at_a_checkpoint(run: RunReports, attempt: int) -> set[tuple[int, int]]:
     """(id of the report, rank) where ``rank``'s first report in ``attempt`` is at a step committed
     before it: an evaluation after loading that checkpoint, or that step trained again from
@@ -146,7 +171,7 @@ def _first_reports_at_a_checkpoint(run: RunReports, attempt: int) -> set[tuple[i
 
 
 def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, events: list[Event]) -> Verdict:
-    compared = _compare(run, attempt, events)
+    compared = _compare(run, attempt, events) + _against_the_checkpoint(run, attempt)
     metric = _state_metric_of(run)
     evidence = {"run_id": run_id, "attempt": attempt, "compared": [c.to_json() for c in compared],
                 "rtol": run.rtol, "atol": STATE_ATOL,
@@ -155,15 +180,19 @@ def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, events
     mismatched = [c for c in compared if c.differ]
     if mismatched:
         return _not_reproduced(run, name, attempt, compared, mismatched, metric, evidence)
-    steps = sorted({step_key(c.step) for c in compared})
+    steps = sorted({step_key(c.step) for c in compared if c.against_checkpoint is None})
     whole = any(_whole_state(c.digests) for c in compared)
     if run.expect.is_deterministic and len(steps) < 2 and not whole:
         return _too_few(run, name, attempt, steps, metric, evidence)
     if not compared:
         return Verdict(name, Status.NOT_APPLICABLE, f"not checked: attempt {attempt} re-did no step that an earlier "
                        f"attempt had reported, so there is no {metric} to compare", None, evidence)
-    return Verdict(name, Status.PASS, f"{len(compared)} re-done report(s) reproduced the earlier attempt's {metric}"
-                   + (" and state digests" if whole else ""), None, evidence)
+    redone = [c for c in compared if c.against_checkpoint is None]
+    shown = [f"{len(redone)} re-done report(s) reproduced the earlier attempt's {metric}"
+             + (" and state digests" if any(c.digests for c in redone) else "")] if redone else []
+    shown += [f"step {c.step} began from the state checkpoint step {c.against_checkpoint} saved "
+              f"({', '.join(c.digests)})" for c in compared if c.against_checkpoint is not None]
+    return Verdict(name, Status.PASS, "; ".join(shown), None, evidence)
 
 
 def _whole_state(digests: list[str]) -> bool:
@@ -202,6 +231,9 @@ def _shown(m: Compared, mine: list[Compared], metric: str, attempt: int) -> str:
     values = (f"{metric} {m.value:.6g}, but {m.earlier:.6g} in attempt {m.earlier_attempt}"
               if m.value is not None and m.earlier is not None else "its state digests differ")
     where = f"rank {m.rank} at re-done step {m.step} in attempt {attempt}: {values}"
+    if m.against_checkpoint is not None:
+        where = (f"rank {m.rank} began step {m.step} in attempt {attempt} from another state than checkpoint step "
+                 f"{m.against_checkpoint} saved")
     parts = [p for p in DIGEST_PARTS if f"digest_{p}" in m.differ]
     if parts:
         return f"{where}: {PART_CAUSES[parts[0]]} (digest_{parts[0]} differs" + (

@@ -68,3 +68,15 @@ def test_each_forgotten_part_shows_in_its_own_digest_and_in_the_loss(baseline, p
     left = [s for s in after if abs(after[s][0] - baseline[s][0]) > STATE_ATOL + STATE_RTOL * abs(baseline[s][0])]
     assert left and left[0] <= first + 2, (part, left)
 
+
+
+@pytest.mark.parametrize("forget", [(), *((p,) for p in PARTS)], ids=["restored", *PARTS])
+def test_the_checkpoints_saved_digests_are_what_the_step_after_a_restore_begins_from(forget):
+    """The workload reports, with each checkpoint, the digests of the state it saved
+    (``saved_digest_<part>``): the first step after a correct restore begins from exactly
+    that state — the whole of it shown with no step re-done — and a forgotten part differs."""
+    first = TrainState(0, 2, STEPS)
+    train(first, range(1, CHECKPOINT + 1))
+    saved = first.digests()  # what the loop reports as saved_digest_<part> with checkpoint 10
+    began = resumed(forget)[CHECKPOINT + 1][1]
+    assert [k for k in saved if saved[k] != began[k]] == [f"digest_{p}" for p in forget]

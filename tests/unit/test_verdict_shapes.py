@@ -474,3 +474,35 @@ def test_16_twin_a_resubmission_under_the_same_name_is_a_plain_restart_from_scra
     v = resume(resubmitted_as("train-20240101-0000"))
     assert v.status == "fail" and v.diagnosis is Diagnosis.RESTARTED_FROM_SCRATCH, v.line()
     assert "stable across job retries" not in v.message, v.line()
+
+
+def digests_after_a_checkpoint(lost_part=None):
+    """The reference workload's reports: ``digest_<part>`` of the state each step began from,
+    and with checkpoint 10 ``saved_digest_<part>`` of the state it saved; the fault right after
+    the checkpoint, so the restart re-does no step; ``lost_part`` did not come back."""
+    parts = ("data", "rng", "scheduler", "optimizer", "weights")
+
+    def began(step, lost=None):
+        return {f"digest_{p}": f"{p}@{step - 1}" + ("!" if p == lost else "") for p in parts}
+
+    s = Script(state_metric="loss").start_attempt()
+    for st in range(1, 11):
+        saved = {f"saved_digest_{p}": f"{p}@{st}" for p in parts} if st == 10 else {}
+        s.report({0: st, 1: st}, "/storage/ck10" if st == 10 else None, states={0: f(st - 1), 1: f(st - 1)},
+                 metrics={**began(st), **saved})
+    s.fault().decision().start_attempt()
+    for st in range(11, 21):
+        s.report({0: st, 1: st}, states={0: f(st - 1), 1: f(st - 1)}, metrics=began(st, lost_part if st == 11 else None))
+    return s.finish().timeline()
+
+
+def test_6_a_part_lost_with_no_step_re_done_fails_against_the_checkpoints_saved_digests():
+    v = restored(digests_after_a_checkpoint("optimizer"))
+    assert v.status == "fail" and v.diagnosis is Diagnosis.STATE_NOT_RESTORED, v.line()
+    assert "began step 11 in attempt 1 from another state than checkpoint step 10 saved" in v.message, v.line()
+    assert "the optimizer's state (momentum, ...) was not restored (digest_optimizer differs)" in v.message
+
+
+def test_6_twin_the_whole_state_shown_against_the_checkpoint_needs_no_baseline():
+    v = restored(digests_after_a_checkpoint())
+    assert v.status == "pass" and "step 11 began from the state checkpoint step 10 saved" in v.message, v.line()

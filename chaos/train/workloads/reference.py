@@ -204,6 +204,8 @@ def train_loop(config: dict) -> None:
             noticed = True
             print(f"rank {rank}: preemption notice at step {step}: checkpointing now", flush=True)
         if (jit or step % config["checkpoint_every"] == 0) and rank == 0:
+            # the digests of the state saved: what the step after a restore must begin from
+            metrics.update({f"saved_{k}": v for k, v in state.digests().items()})
             with tempfile.TemporaryDirectory() as d:
                 torch.save(state.to_checkpoint(step), os.path.join(d, "state.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
