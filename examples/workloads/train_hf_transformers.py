@@ -14,6 +14,8 @@ checkpoint at step 8 reports step 12 first.
 
     --ignore-checkpoint   BUG: calls trainer.train() without resume_from_checkpoint, so
                           every rank starts again from step 0
+    --logging-steps N, --save-steps M  (default 2, 4) where M is no multiple of N the reported step
+                          is the last logged one: logging 10, saving 25 reports 20, 50, 70, 100
 """
 
 import argparse
@@ -68,9 +70,9 @@ def train_func(config):
             per_device_train_batch_size=4,
             learning_rate=1e-3,
             logging_strategy="steps",
-            logging_steps=2,
+            logging_steps=config["logging_steps"],
             save_strategy="steps",
-            save_steps=4,
+            save_steps=config["save_steps"],
             report_to="none",
             use_cpu=True,
             disable_tqdm=True,
@@ -100,11 +102,14 @@ if __name__ == "__main__":
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.4)
     p.add_argument("--ignore-checkpoint", action="store_true")
+    p.add_argument("--logging-steps", type=int, default=2)
+    p.add_argument("--save-steps", type=int, default=4)
     a = p.parse_args()
     TorchTrainer(
         train_func,
         train_loop_config={"max_steps": a.max_steps, "step_seconds": a.step_seconds,
-                           "ignore_checkpoint": a.ignore_checkpoint},
+                           "ignore_checkpoint": a.ignore_checkpoint, "logging_steps": a.logging_steps,
+                           "save_steps": a.save_steps},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=a.storage, name=a.name,
                              failure_config=FailureConfig(max_failures=3)),

@@ -30,6 +30,14 @@ the classic mistakes the harness must catch.
                           checkpoint at step K (a slow validation pass): a fault on that commit
                           lands before step K + 1 is reported, however slow the machine
     --report-at-checkpoints-only  reports only when it checkpoints (every 5th step)
+    --checkpoint-before-metrics  (implies --learn) at each save, hands Train the checkpoint in a
+                          report of its own without metrics (report({}, checkpoint=ck)), then the
+                          step's metrics: the checkpoint holds the state after that step
+    --save-at-top         (implies --learn) saves at the top of every 5th step the state before
+                          training it, labelled with that step, then trains it and reports its loss;
+                          a restore begins at the saved step (and saves it again at its top)
+    --skip-restored-step  (with --save-at-top) BUG: a restore begins after the saved step, whose
+                          batch is then never trained
     --double-stride-after-restore  after loading step s, skips a save interval (goes on at s + 6)
                           and from then on saves and reports every 10th step: data skipped,
                           under a stride only the restarted attempt shows
@@ -106,10 +114,14 @@ def loop(config):
             ray.train.report({config["metric"]: start, "loss": float(batch_loss(model, start))})
     time.sleep(config["slow_start"])  # stands in for loading data or a large checkpoint
     first = start if start and config["retrain_checkpoint_step"] else start + 1
+    if start and config["save_at_top"]:  # the saved state is the one step `start` begins from
+        first = start + 1 if config["skip_restored_step"] else start
     doubled = bool(start) and config["double_stride_after_restore"]
     if doubled:
         first = start + 6
     for step in range(first, config["steps"] + 1):
+        if config["save_at_top"] and step % 5 == 0:
+            report_with_checkpoint({config["metric"]: step}, step, model, opt, rank)
         loss = batch_loss(model, step) if learn else model(torch.ones(2, 4)).sum()
         opt.zero_grad()
         loss.backward()
@@ -131,10 +143,13 @@ def loop(config):
             metrics = {"loss": float(loss)}
         if config["crash_on_preemption_notice"] and ray.train.get_preemption_info() is not None and rank == 0:
             raise ValueError("preemption handler: checkpoint path template has no {step} field")
-        saves = step % (10 if doubled else 5) == 0 and not config["no_checkpoint"]
+        saves = step % (10 if doubled else 5) == 0 and not config["no_checkpoint"] and not config["save_at_top"]
         if config["report_at_checkpoints_only"] and not saves:
             continue
-        if saves:
+        if saves and config["checkpoint_before_metrics"]:
+            report_with_checkpoint({}, step, model, opt, rank)
+            ray.train.report(metrics)
+        elif saves:
             report_with_checkpoint(metrics, step, model, opt, rank, config["slow_checkpoint_report"])
             if step == config["hold_after_checkpoint"] and not start:
                 time.sleep(20)
@@ -185,7 +200,8 @@ if __name__ == "__main__":
                  "--no-step-after-restore", "--learn", "--evaluate-after-restore", "--restore-step-only",
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
                  "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder",
-                 "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice", "--leak-actor"):
+                 "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice", "--leak-actor",
+                 "--checkpoint-before-metrics", "--save-at-top", "--skip-restored-step"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -206,7 +222,10 @@ if __name__ == "__main__":
               "restore_previous": a.restore_previous_checkpoint, "run_dir": os.path.join(a.storage, name),
               "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
               "no_step_after_restore": a.no_step_after_restore,
-              "learn": a.learn or a.evaluate_after_restore or a.restore_step_only,
+              "learn": a.learn or a.evaluate_after_restore or a.restore_step_only or a.checkpoint_before_metrics
+              or a.save_at_top,
+              "checkpoint_before_metrics": a.checkpoint_before_metrics, "save_at_top": a.save_at_top,
+              "skip_restored_step": a.skip_restored_step,
               "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
               "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
               "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint,

@@ -205,3 +205,37 @@ def test_restore_of_a_checkpoint_ray_never_committed_is_named(chaos, tmp_path):
     good = chaos.run(shape(chaos, tmp_path / "good", slow), faults=[(AfterPersisted(3), chaos.raylet_kill(rank=1))])
     v = resume(good)
     assert v.status == "pass" and "resumed at step 11" in v.message, v.line()
+
+
+def test_checkpoint_reported_before_its_steps_metrics(chaos, tmp_path):
+    """Each save hands Train the checkpoint in a report without a step, then the step's
+    metrics: the checkpoint may hold the state after the step before it or after the step that
+    follows; killed at step 12, the restart's first step (11, reproducing attempt 0's loss)
+    tells which — a correct resume, no longer 'resumed past the checkpoint'."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--checkpoint-before-metrics", deterministic=True),
+                        faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    commit = next(r for r in outcome.timeline.of("report") if r.data.get("checkpoint"))
+    assert not steps_of(commit) and commit.data.get("checkpoint_after_step"), commit.data
+    v = resume(outcome)
+    assert v.status == "pass" and "attempt 1 resumed at step 11" in v.message, v.line()
+    assert "reproduced" in v.message, v.line()
+
+
+def test_saved_at_the_top_of_the_step(chaos, tmp_path):
+    """Saves the state before training step 10, labelled 10; killed at step 12, the restart
+    begins at 10 and saves it again at its top — a correct resume, no longer 'resumed from an
+    older checkpoint' (a second commit at 10)."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top", deterministic=True),
+                        faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "pass" and "attempt 1 resumed at step 10" in v.message, v.line()
+
+
+def test_saved_at_the_top_then_a_restart_past_it(chaos, tmp_path):
+    """The buggy twin: the restart begins after the saved step, whose batch is never trained —
+    no longer a pass (a same-step report after a checkpoint was taken for an evaluation)."""
+    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top --skip-restored-step", deterministic=True),
+                        faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    v = resume(outcome)
+    assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
+    assert "saved at the top of step 10" in v.message, v.line()

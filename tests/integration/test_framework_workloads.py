@@ -42,13 +42,13 @@ RESUMED = re.compile(r"attempt 1 resumed at step (\d+), right after the latest c
 pytestmark = pytest.mark.integration
 
 
-def run_suite(standin, tmp_path, script, *script_args, tape, timeout=600):
-    """The session's exit code and output; its taped run becomes contract fixture ``tape``
-    (tests/contract) under make integration."""
+def run_suite(standin, tmp_path, script, *script_args, tape, timeout=600, session_args=()):
+    """The session's exit code and output (``session_args``: the chaos session's own options);
+    its taped run becomes contract fixture ``tape`` (tests/contract) under make integration."""
     name = f"chaos-fw-{uuid.uuid4().hex[:8]}"  # the Train run's name; also names the workers' local scratch
     workload = " ".join([sys.executable, script, "--storage", str(tmp_path / "storage"), "--name", name, *script_args])
     try:
-        return run_session(standin[1], tmp_path / "reports", workload, tape=tape, timeout=timeout)
+        return run_session(standin[1], tmp_path / "reports", workload, *session_args, tape=tape, timeout=timeout)
     finally:
         # Workers' local scratch in the machine's temp dir, which the embedded hosts share: the HF
         # Trainer's output_dir of a killed rank, Ray's Lightning callback's per-rank checkpoint dirs.
@@ -76,6 +76,21 @@ def assert_failed_with(code, out, *phrases):
 def test_hf_transformers_trainer_resumes_from_its_checkpoint(standin, tmp_path):
     code, out = run_suite(standin, tmp_path, "train_hf_transformers.py", tape="hf_trainer_healthy")
     assert_resumed_after_checkpoint(code, out, stride=4)
+
+
+def test_hf_transformers_trainer_logging_and_saving_at_different_steps_is_no_false_failure(standin, tmp_path):
+    """logging_steps=10, save_steps=25: Ray's callback reports the last logged step with each
+    checkpoint (20, 50, 70, 100), so its strides vary, and a correct restart from global step
+    50 first reports 70 — between the checkpoint and the 80 a stride of 30 predicts.  Nothing
+    tells whether steps 51..69 were trained or skipped: unverifiable (warned here), never the
+    'resumed at an unexpected step' it was."""
+    code, out = run_suite(standin, tmp_path, "train_hf_transformers.py", "--logging-steps", "10", "--save-steps", "25",
+                          "--max-steps", "100", "--step-seconds", "0.05", tape="hf_trainer_misaligned_logging",
+                          session_args=("--chaos-unverifiable", "warn"))
+    assert code == 0, out[-6000:]
+    assert re.search(r"\[UNVERIFIABLE\] resumed-from-latest \(attempt 1\): unverifiable: attempt 1, rank 0: .*"
+                     r"(between checkpoint step|varying strides)", out), out[-6000:]
+    assert "resumed at an unexpected step" not in out, out[-6000:]
 
 
 def test_hf_transformers_trainer_ignoring_its_checkpoint_restarts_from_scratch(standin, tmp_path):

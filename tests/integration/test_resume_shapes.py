@@ -1,5 +1,5 @@
-"""The resume shapes of resume_shapes.py, in three chaos sessions through the shared stand-in's
-profile (each test there asserts its run's resume verdict) — three, so make integration's two
+"""The resume shapes of resume_shapes.py, in chaos sessions of their own through the shared stand-in's
+profile (each test there asserts its run's resume verdict) — several, so make integration's two
 xdist workers share them out — and under make integration each taped run becomes the contract
 fixture named here."""
 
@@ -29,6 +29,11 @@ GROUPS = {  # group -> {test in resume_shapes.py -> contract fixture (None: none
         "test_restore_of_a_checkpoint_ray_never_committed_is_named": None,  # two runs, no fixture
         "test_first_checkpoint_step_trained_again": "user_retrains_first_checkpoint_step",
         "test_no_checkpoint_handed_to_train": "user_no_checkpoint",
+    },
+    "reporting-orders": {  # a checkpoint reported before its step's metrics, or saved at the top of its step
+        "test_checkpoint_reported_before_its_steps_metrics": "user_checkpoint_before_metrics",
+        "test_saved_at_the_top_of_the_step": "user_saved_at_top",
+        "test_saved_at_the_top_then_a_restart_past_it": "user_saved_at_top_skips_the_step",
     },
     "runs-and-preemptions": {
         "test_warm_up_fit_then_a_correct_resume": "user_warmup_fit_healthy",
