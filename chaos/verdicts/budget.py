@@ -18,6 +18,7 @@ from typing import Any
 from chaos.attribution import Attribution, attribute, faulted_run_decisions
 from chaos.faults.catalog import KINDS, limit_name
 from chaos.timeline import Event, Timeline
+from chaos.verdicts import events
 from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.expect import Expect
 from chaos.verdicts.gaps import decisions_gap, diagnosis_of, missing
@@ -135,11 +136,10 @@ def _unrelated(f: Facts) -> Verdict | None:
 
 
 def _exhausted(f: Facts) -> Verdict | None:
-    raised = [e for e in f.decisions if e.data.get("decision") == "RAISE"]
+    raised = [d for d in (events.FailureDecision.model_validate(e.data) for e in f.decisions) if d.decision == "RAISE"]
     if not raised:
         return None
-    cls = raised[-1].data["budget_class"]
-    count, limit = raised[-1].data.get("count"), raised[-1].data.get("limit")
+    cls, count, limit = str(raised[-1].budget_class), raised[-1].count, raised[-1].limit
     msg = f"retry budget exhausted: {count} failure{'s' if count != 1 else ''} charged to {limit_name(cls)}={limit}"
     if not f.expect.budget_exhausted:
         return f.verdict(Status.FAIL, msg, Diagnosis.BUDGET_EXHAUSTED)
@@ -280,10 +280,9 @@ def within_budget(timeline: Timeline, expect: Expect | None = None) -> Verdict:
 def charged_by_class(decisions: list[Event]) -> dict[str, dict[str, Any]]:
     """Failures Ray charged per budget class: the last decision's count and limit."""
     out: dict[str, dict[str, Any]] = {}
-    for e in decisions:
-        cls = e.data.get("budget_class")
-        if cls:
-            out[cls] = {"count": e.data.get("count"), "limit": e.data.get("limit"), "decision": e.data.get("decision")}
+    for d in (events.FailureDecision.model_validate(e.data) for e in decisions):
+        if d.budget_class:
+            out[d.budget_class] = {"count": d.count, "limit": d.limit, "decision": d.decision}
     return out
 
 

@@ -113,7 +113,7 @@ class FailureDecision(Payload):
     decision: str
     budget_class: str | None = None
     count: int | None = None
-    limit: int | float | str | None = None
+    limit: int | float | None = None  # None: unlimited
     error: str | None = None
     error_types: list[str] = Field(default_factory=list)
 

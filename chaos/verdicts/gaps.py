@@ -5,6 +5,7 @@ A verdict judged across such a gap may be missing the evidence that decides it."
 from __future__ import annotations
 
 from chaos.timeline import Event, Timeline, faulted_runs
+from chaos.verdicts import events
 from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.status import Status
 from chaos.verdicts.verdict import Verdict
@@ -23,14 +24,16 @@ def gap_before(timeline: Timeline, run_id: str, attempt: int, first: Event, comm
     the recorder could not write (the attempt's first report read after them, its start not
     read after them or no checkpoint read since)."""
     for gap in reversed(timeline.of("events_unread", source="harness")):
-        since = gap.data.get("next_attempt")
-        if gap.data.get("run_id") == run_id and since is not None and since <= attempt:
+        unread = events.EventsUnread.model_validate(gap.data)
+        since = unread.next_attempt
+        if unread.run_id == run_id and since is not None and since <= attempt:
             if not any(c.attempt is not None and c.attempt >= since for c in commits):
                 return gap, False
             break
     for gap in timeline.of("events_lost", source="harness"):
-        after = gap.data.get("before_t")  # the first event read after the lost ones
-        if gap.data.get("run_id") != run_id or after is None or first.t < after:
+        lost = events.EventsLost.model_validate(gap.data)
+        after = lost.before_t  # the first event read after the lost ones
+        if lost.run_id != run_id or after is None or first.t < after:
             continue
         start = starts.get(attempt)
         if start is None or start.t < after:
@@ -42,11 +45,12 @@ def gap_before(timeline: Timeline, run_id: str, attempt: int, first: Event, comm
 
 def missing(gap: Event) -> str:
     if gap.kind == "events_lost":
-        first, last = gap.data.get("seqs") or ("?", "?")
-        return (f"the recorder could not write events {first}..{last} of job {gap.data.get('job_id')}'s events log "
+        lost = events.EventsLost.model_validate(gap.data)
+        first, last = lost.seqs or ("?", "?")
+        return (f"the recorder could not write events {first}..{last} of job {lost.job_id}'s events log "
                 "(the Train controller's log says why)")
-    return (f"the events log of job {gap.data.get('job_id')}, whose driver was lost, could not be read to its end "
-            f"({gap.data.get('why')})")
+    unread = events.EventsUnread.model_validate(gap.data)
+    return f"the events log of job {unread.job_id}, whose driver was lost, could not be read to its end ({unread.why})"
 
 
 def diagnosis_of(gap: Event) -> Diagnosis:

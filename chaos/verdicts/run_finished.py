@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from chaos.timeline import Event, Timeline
+from chaos.verdicts import events
 from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.expect import Expect
 from chaos.verdicts.progress import last_steps
@@ -29,15 +30,17 @@ class RunFinished:
 
 def run_finished(timeline: Timeline, expect: Expect | None = None) -> Verdict:
     expect = expect or Expect()
-    fin = next((e for e in faulted_run_events(timeline) if e.kind == "run_finished"), None)
-    job = timeline.first("job_finished")
-    status = job.data.get("status") if job else None
-    evidence = {"run_state": fin.data.get("state") if fin else None, "job_status": status,
-                "error": (fin.data.get("error") if fin else None) or (job.data.get("message") if job else None)}
+    ended = next((e for e in faulted_run_events(timeline) if e.kind == "run_finished"), None)
+    fin = events.RunFinished.model_validate(ended.data) if ended is not None else None
+    job_ended = timeline.first("job_finished")
+    job = events.JobFinished.model_validate(job_ended.data) if job_ended is not None else None
+    status = job.status if job else None
+    evidence = {"run_state": fin.state if fin else None, "job_status": status,
+                "error": (fin.error if fin else None) or (job.message if job else None)}
     if fin is None:
         return Verdict(NAME, Status.FAIL, "run did not finish: no final controller state was recorded "
                        f"(job status {status})", Diagnosis.RUN_DID_NOT_FINISH, evidence)
-    state = fin.data.get("state")
+    state = fin.state
     if expect.budget_exhausted:
         return _exhausted(state, status, evidence)
     if state == "FINISHED" and status == "SUCCEEDED":
