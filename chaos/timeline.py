@@ -4,16 +4,20 @@ Every source (recorder, faults, cluster watcher, CUDA shim) appends `Event`s to 
 `Timeline`.  Waits in the harness are waits on this timeline: a condition variable is
 notified on every append, so a trigger fires on the event itself, never on a sleep.
 
-Event kinds (``source`` / ``kind`` / notable ``data`` keys):
+Event kinds (``source`` / ``kind`` / notable ``data`` keys; chaos.verdicts.events has them as an
+enum, with typed payloads for the ones the verdicts read):
 
 (every recorder event also carries run_id: the Train run, one per fit())
 recorder  controller_started   run_name, storage_path, failure_config{max_failures,...},
                                step_metric, step_metric_names, state_metric
 recorder  state_changed        prev, cur (TrainControllerState names)
 recorder  attempt_started      attempt, placement[{rank, node_id, pid, node_ip}]
-recorder  report               attempt, steps{rank: step}, step_sources{rank: metric|last
-                               reported}, step (rank 0's), states{rank: value} or None,
-                               checkpoint (path or None), metrics (rank 0's scalars)
+recorder  report               attempt, steps{rank: step (None: not reported)}, step_sources{rank:
+                               metric|None}, step (rank 0's), states{rank: value} or None,
+                               checkpoint (path or None), metrics (rank 0's scalars); where some rank
+                               has one: checkpoint_after_step{rank: step} (a checkpoint reported
+                               without a step, after that one), step_refused, state_refused,
+                               state_nonfinite, without_ranks (chaos.train.recording)
 recorder  failure_decision     attempt, decision (RETRY|RAISE), budget_class
                                (worker_group|preemption|controller), count, limit, error
 recorder  run_finished         state (FINISHED|ERRORED|ABORTED), error
