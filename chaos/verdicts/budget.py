@@ -58,9 +58,13 @@ class Facts:
         return Verdict(NAME, status, message, diagnosis, self.evidence)
 
     def expected_class(self, key: str) -> str | None:
+        """The class a fault's own charge must go to: the suite's (``Expect.charge_by_kind``: the
+        profile's expected_budget; None for a kind there: no class claimed), else the catalog's."""
         kind = self.att.kinds.get(key) or ""
-        own = (self.expect.charge_by_kind or {}).get(kind)
-        return own if own is not None else (KINDS[kind].budget_class if kind in KINDS else None)
+        by_kind = self.expect.charge_by_kind or {}
+        if kind in by_kind:
+            return by_kind[kind]
+        return KINDS[kind].budget_class if kind in KINDS else None
 
 
 def _first_line(text: str | None) -> str:

@@ -425,6 +425,9 @@ def test_what_the_suite_says_overrides_what_the_faults_imply():
     e = chaos._expectation(chaos.expect(charged={"worker_group": 3}, budget_exhausted=True, slo_detect_s=9),
                            [(None, RayletKill())], USER)
     assert (e.charged, e.budget_exhausted, e.slo_detect_s) == ({"worker_group": 3}, True, 9)
+    assert e.charge_by_kind == {"raylet-kill": None}  # totals of its own: no class claimed per fault
+    same = chaos._expectation(chaos.expect(charged={"worker_group": 1}), [(None, RayletKill())], USER)
+    assert same.charge_by_kind == {"raylet-kill": "worker_group"}  # what the kinds imply: each fault's class held
 
 
 def test_determinism_is_what_the_workload_declares_unless_the_suite_says():

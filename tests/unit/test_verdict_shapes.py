@@ -135,6 +135,9 @@ def test_3_twin_each_fault_charged_to_its_own_class_passes():
     # a profile that moves a kind's charge (expected_budget) moves it for this rule too
     moved = dataclasses.replace(TWO, charge_by_kind={"raylet-kill": "preemption", "preempt": "worker_group"})
     assert within_budget(two_faults("preemption", "worker_group"), moved).status == "pass"
+    # a suite whose own totals differ from what its kinds imply claims no class per fault (the fixture maps them to None)
+    unclaimed = dataclasses.replace(TWO, charge_by_kind={"raylet-kill": None, "preempt": None})
+    assert within_budget(two_faults("preemption", "worker_group"), unclaimed).status == "pass"
 
 
 # -- 4: a CUDA fault credited with another node's actor death (false pass) -------------------------
