@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from chaos.faults.catalog import measured_kinds
 from chaos.timeline import Event, Timeline, fault_groups, faulted_runs, first_recovery, run_at
 
 # Ray's own startup errors: a restart waiting for capacity the fault took away.
@@ -42,10 +43,18 @@ class Attribution:
         return self.readings.get(id(decision))
 
 
-# Fault kinds whose fault lasts until its node is recovered (a dead GPU fails every attempt
-# placed on it): they claim every decision until an attempt begun after the node was back
-# reported (Ray may notice the node's loss only after the node is already back).
-LASTING_KINDS = ("xid",)
+# Fault kinds that last — until their node is recovered (a dead GPU fails every attempt placed
+# on it), or their window on the storage ends (a restore fails as the upload did): they claim
+# every decision until an attempt begun after the node was back, or the window over, reported
+# (Ray may notice the node's loss only after the node is already back).  What that costs is
+# measured, not fixed (catalog: charge_measured).
+LASTING_KINDS = measured_kinds()
+# The events that end a lasting fault (its ledger id names it).
+LASTING_ENDS = ("node_recovered", "storage_window_ended")
+# A storage fault's failure: pyarrow's S3 client words every error it raises "AWS Error <CODE>
+# during <operation>" (SLOW_DOWN, INTERNAL_FAILURE, NETWORK_CONNECTION...).
+STORAGE_KINDS = tuple(k for k in measured_kinds() if k.startswith("storage-"))
+_STORAGE_PHRASES = ("aws error",)
 # Ray's classes for a rank or a node taken away — the worker's actor or its node died, its
 # health check failed or timed out, Train saw the node preempted: what a fault that takes a
 # node or a process away leaves (on whichever rank: a HyperPod reboot or a drain takes every
@@ -156,6 +165,27 @@ def _on_target(f: _Failure, rank: str, targets: list[dict], running: bool | None
     return None
 
 
+def _is_storage(text: str) -> bool:
+    return any(p in (text or "").lower() for p in _STORAGE_PHRASES)
+
+
+def _read_storage(f: _Failure, group: list[Event]) -> _Reading | None:
+    """A storage fault explains a rank that failed with an S3 error, on whichever node (a fault
+    of the endpoint fails every client's transfers) — and no rank's own other error."""
+    own = {r: m for r, m in sorted(f.errors.items()) if not _is_peer(m)}
+    hit = next((r for r, m in own.items() if _is_storage(m)), None)
+    if hit is not None:
+        return _Reading("fault", f"{f.where(hit)} failed with an S3 error ({_error_line(own[hit])[:160]}) while the "
+                        f"{group[0].data.get('fault')} fault was armed", hit, _node_name(f.placement.get(hit)),
+                        _error_line(own[hit]))
+    if own:
+        r = next(iter(own))
+        return _Reading("other", f"{f.where(r)} failed with {_error_class(own[r])}, which is no S3 error: not the "
+                        f"{group[0].data.get('fault')} fault's doing", r, _node_name(f.placement.get(r)),
+                        _error_line(own[r]))
+    return None
+
+
 def _read(f: _Failure, group: list[Event], uncertainty: float) -> _Reading:
     """Whether the fault explains the failure, from what failed (never from the timing alone).
 
@@ -167,6 +197,8 @@ def _read(f: _Failure, group: list[Event], uncertainty: float) -> _Reading:
     on the fault's node.  Elsewhere when the only other errors are exceptions of ranks on other
     nodes, or the loss was in an attempt the fault could not reach.  Unknown when Ray recorded
     no rank's error and no class that places the failure."""
+    if group[0].data.get("fault") in STORAGE_KINDS and (storage := _read_storage(f, group)) is not None:
+        return storage
     targets = _targets(group)
     nodes = ", ".join(_node_name(t) for t in targets) or "none (it names no node)"
     a = f.decision.attempt
@@ -248,8 +280,8 @@ def _lost(f: _Failure, group: list[Event], targets: list[dict], running: bool | 
 def attribute(timeline: Timeline) -> Attribution:
     """Each fault claims the first decision after it that its evidence explains (``_read``:
     what failed, where — not the timing alone) — a correlated fault's members together, as
-    one fault, over all their nodes; a lasting fault (``xid``) every such decision until the
-    run recovered from it, a capacity wait included; a later capacity error (the worker group
+    one fault, over all their nodes; a lasting fault (``xid``, a storage fault) every such decision
+    until the run recovered from it, a capacity wait included; a later capacity error (the worker group
     could not start while the fault's node was missing) is its consequence; every other
     decision is unrelated to the injected faults, even one right after a fault (a script's
     crash on another node).
@@ -271,8 +303,9 @@ def attribute(timeline: Timeline) -> Attribution:
     windows = []
     for i, (key, group) in enumerate(zip(keys, groups)):
         nxt = groups[i + 1][0].t if i + 1 < len(groups) else float("inf")
-        if key in lasting:  # until the run recovered from it: an attempt begun after the node was back reported
-            back = timeline.first("node_recovered", where=lambda e: e.data.get("ledger_id") == key)
+        if key in lasting:  # until the run recovered from it: an attempt begun after it was over reported
+            back = next((e for e in timeline.events if e.kind in LASTING_ENDS and e.data.get("ledger_id") == key),
+                        None)
             hit = first_recovery(timeline.events, run_at(timeline, group[0].t), back.t if back else group[0].t)
             nxt = min(nxt, hit[1].t) if hit is not None else nxt
         windows.append((key, group, group[0].t - timeline.clock_uncertainty, nxt))

@@ -78,6 +78,11 @@ class FaultKind:
     race_charge: str | None = None
     race_why: str = ""
     needs: str | None = None  # a key of CAPABILITIES the session's backend must have
+    # Its charge depends on how the platform or the fault's window plays out (a node's recovery,
+    # the retries an S3 client makes): it claims every failure while it lasts, and suites assert
+    # the charges measured on the pinned Ray (chaos.expect(charge_outcomes=[...])); budget_class is
+    # then the class such a charge goes to, not a charge every fault of the kind makes.
+    charge_measured: bool = False
     draw: Draw | None = None  # how a campaign draws it; None: never, for the reason below
     not_drawn: str | None = None  # a key of NOT_DRAWN
 
@@ -118,7 +123,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # A GPU failure the node's health agent must see (Xid in the kernel log + every driver call
     # failing until the node reboots): detection is the agent's, recovery a node reboot or
     # replacement, the charge whatever Ray makes of both (timing-dependent: README).
-    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, not_drawn="arms-the-run"),
+    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, charge_measured=True, not_drawn="arms-the-run"),
     # The head (chaos/faults/head.py): no budget is charged — with GCS fault tolerance the run
     # is lost with its driver and resubmitted, without it the cluster is lost (README).
     FaultKind("gcs-kill", None, needs="head", not_drawn="loses-the-run"),
@@ -128,9 +133,10 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # that the S3 client's and Ray's own retries do not absorb fails its rank: a worker-group
     # failure.  Whether one happens depends on the window, so suites assert the charges measured
     # on Ray 2.60 (README, "Which budget a fault costs"); a window the retries absorb costs nothing.
-    FaultKind("storage-partition", "worker_group", needs="object_storage", not_drawn="needs-s3-run"),
-    FaultKind("storage-errors", "worker_group", needs="storage_proxy", not_drawn="needs-s3-run"),
-    FaultKind("storage-slow", None, needs="storage_proxy", not_drawn="needs-s3-run"),
+    FaultKind("storage-partition", "worker_group", needs="object_storage", charge_measured=True,
+              not_drawn="needs-s3-run"),
+    FaultKind("storage-errors", "worker_group", needs="storage_proxy", charge_measured=True, not_drawn="needs-s3-run"),
+    FaultKind("storage-slow", None, needs="storage_proxy", charge_measured=True, not_drawn="needs-s3-run"),
 )}
 
 
@@ -149,6 +155,11 @@ def expected_charge(name: str, profile: Any = None) -> str | None:
     size and judge budgets by it."""
     own = profile.faults.get(name) if profile is not None else None
     return own.expected_budget if own is not None and own.expected_budget else kind(name).budget_class
+
+
+def measured_kinds() -> tuple[str, ...]:
+    """The kinds whose charge suites assert as measured outcomes (``charge_measured``)."""
+    return tuple(k for k, entry in KINDS.items() if entry.charge_measured)
 
 
 def limit_name(budget_class: str) -> str:

@@ -50,7 +50,7 @@ class Facts:
     primary: list[tuple[str, Event]]  # (fault key, its own charge) for faults that are not the platform's
     by_class: collections.Counter[str]
     raced: list[tuple[str, Event]]  # charges that went to the class Ray's own race gives their kind
-    platform: dict[str, int]  # what the node-recovery (lasting) faults were charged
+    platform: dict[str, int]  # what the lasting faults (xid, storage: a measured charge) were charged
     gap: Event | None
     evidence: dict[str, Any]
 
@@ -210,17 +210,23 @@ def _totals(f: Facts) -> Verdict | None:
     return f.verdict(Status.FAIL, msg, diagnosis)
 
 
+def _lasting_kinds(f: Facts) -> str:
+    """The lasting faults, as a message names them: ``the xid fault(s)``."""
+    return "the " + ", ".join(sorted({str(f.att.kinds.get(k)) for k in f.att.lasting})) + " fault(s)"
+
+
 def _platform_charge(f: Facts) -> Verdict | None:
     if not f.att.lasting:
         return None
     outcomes = [dict(o) for o in f.expect.charge_outcomes] if f.expect.charge_outcomes is not None else None
     if outcomes is None:
-        return f.verdict(Status.UNVERIFIABLE, f"unverifiable: no measured outcomes: the node-recovery fault(s) were "
-                         f"charged {f.platform or 'nothing'}, which is the platform's doing; say which charges you "
-                         "measured and accept (chaos.expect(charge_outcomes=[...]))", Diagnosis.NO_MEASURED_OUTCOMES)
+        return f.verdict(Status.UNVERIFIABLE, f"unverifiable: no measured outcomes: {_lasting_kinds(f)} were charged "
+                         f"{f.platform or 'nothing'}, which depends on how the platform's recovery or the fault's "
+                         "window played out; say which charges you measured and accept "
+                         "(chaos.expect(charge_outcomes=[...]))", Diagnosis.NO_MEASURED_OUTCOMES)
     if f.platform not in outcomes:
-        return f.verdict(Status.FAIL, f"charge not among the measured outcomes: the node-recovery fault(s) were "
-                         f"charged {f.platform or 'nothing'}; the outcomes measured for them: {outcomes}",
+        return f.verdict(Status.FAIL, f"charge not among the measured outcomes: {_lasting_kinds(f)} were charged "
+                         f"{f.platform or 'nothing'}; the outcomes measured for them: {outcomes}",
                          Diagnosis.CHARGE_NOT_MEASURED)
     return None
 
@@ -236,8 +242,8 @@ def _within(f: Facts) -> Verdict:
                                       for c, n in waits.items())
     extra += _relabelled(f)[1]
     if f.att.lasting:
-        extra += (f"; the node-recovery fault(s) charged {f.platform or 'nothing'} (what Ray made of the GPU failure "
-                  "and the node's recovery, one of the measured outcomes)")
+        extra += (f"; {_lasting_kinds(f)} charged {f.platform or 'nothing'} (what Ray made of the fault as it played "
+                  "out, one of the measured outcomes)")
     return _evidence_behind(f, "charged " + (", ".join(parts) or "nothing") + ", as the faults should" + extra,
                             Status.PASS, None)
 

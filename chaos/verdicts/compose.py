@@ -20,6 +20,7 @@ from chaos.verdicts.resume import ResumedFromLatest
 from chaos.verdicts.run_finished import RunFinished
 from chaos.verdicts.state import StateRestored
 from chaos.verdicts.status import Status
+from chaos.verdicts.storage import StorageFaults
 from chaos.verdicts.trajectory import StateTrajectory
 from chaos.verdicts.verdict import Verdict
 
@@ -39,7 +40,8 @@ class Checker(Protocol):
 
 #: in the order the report lists them
 CHECKERS: tuple[Checker, ...] = (HeadLoss(), ResumedFromLatest(), StateRestored(), WithinBudget(), RecoveryTime(),
-                                 PreemptionWindow(), NodeRecovery(), RunFinished(), StateTrajectory(), FinalState())
+                                 PreemptionWindow(), NodeRecovery(), StorageFaults(), RunFinished(), StateTrajectory(),
+                                 FinalState())
 
 
 def safely(checker: Checker, timeline: Timeline, expect: Expect) -> list[Verdict]:

@@ -42,6 +42,7 @@ class ReportCategory(str, enum.Enum):
     PREEMPTION = "preemption window"
     NODE_RECOVERY = "automatic node recovery"
     RUN_FAILED = "run failed"
+    STORAGE = "storage fault mishandled"
     UNVERIFIABLE = "unverifiable (missing evidence)"
     CLEANUP = "cleanup failed"
 
@@ -162,9 +163,9 @@ class Diagnosis(str, enum.Enum):
     NO_FAILURE_EVIDENCE = ("unverifiable: no failure evidence", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
                            (_B,), "a charge rests on a decision tied to its fault by timing alone")
     NO_MEASURED_OUTCOMES = ("unverifiable: no measured outcomes", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
-                            (_B,), "a node-recovery fault's charge with no measured outcomes to accept")
+                            (_B,), "a lasting fault's charge (xid, storage) with no measured outcomes to accept")
     CHARGE_NOT_MEASURED = ("charge not among the measured outcomes", Kind.FINDING, ReportCategory.WRONG_CHARGE,
-                           (_B,), "a node-recovery fault's charge is none of the measured ones")
+                           (_B,), "a lasting fault's charge (xid, storage) is none of the measured ones")
     # -- recovery-time ----------------------------------------------------------------------
     RECOVERY_TOO_SLOW = ("recovery too slow", Kind.FINDING, ReportCategory.RECOVERY, ("recovery-time",),
                          "detection or recovery took longer than the SLO, or never happened")
@@ -190,6 +191,18 @@ class Diagnosis(str, enum.Enum):
                               ("node-recovered",), "the node came back after its SLO")
     NO_AGENT_EVIDENCE = ("unverifiable: no node agent evidence", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
                          ("node-agent", "node-recovered"), "nothing watched the node's conditions and labels")
+    # -- storage ---------------------------------------------------------------------------
+    RESTORED_FAILED_UPLOAD = ("restored a checkpoint whose upload failed", Kind.FINDING, ReportCategory.STORAGE,
+                              ("storage",), "a restart read a checkpoint folder whose upload a storage fault made "
+                              "fail, which Ray never committed: the script loads checkpoints from storage itself")
+    FAILED_RESTORE_IGNORED = ("a failed restore did not fail its attempt", Kind.FINDING, ReportCategory.STORAGE,
+                              ("storage",), "a restore that met a storage fault failed, yet its attempt trained on "
+                              "without the state it could not read")
+    STORAGE_MET_NOTHING = ("unverifiable: the storage fault met no checkpoint transfer", Kind.UNVERIFIABLE,
+                           ReportCategory.UNVERIFIABLE, ("storage",), "no checkpoint upload or restore ran in the "
+                           "storage fault's window: it tested nothing")
+    NO_STORAGE_EVIDENCE = ("unverifiable: no storage evidence", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
+                           ("storage",), "nothing recorded the run's S3 requests (no storage fault proxy)")
     # -- run-finished ----------------------------------------------------------------------
     RUN_FAILED = ("run failed", Kind.FINDING, ReportCategory.RUN_FAILED, ("run-finished",),
                   "the run or its job did not end successfully")

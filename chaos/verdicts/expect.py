@@ -45,8 +45,8 @@ class Expect:
     # that does not reproduce fails; without it, it is a warning (None: what the workload declares).
     deterministic: bool | None = None
     state_rtol: float = STATE_RTOL  # --chaos-state-rtol: every state comparison
-    # A node-recovery fault's (xid) per-class charges measured on this platform; the one seen must
-    # be among them (None: none measured, the charge is unverifiable).
+    # A lasting fault's (xid, storage: catalog charge_measured) per-class charges measured on this
+    # platform; the one seen must be among them (None: none measured, the charge is unverifiable).
     charge_outcomes: tuple[Mapping[str, int], ...] | None = None
     head_outcome: str | None = None  # what a head fault should do (None: what the pinned Ray does)
     reference: Baseline | None = None  # the fault-free run chaos.baseline made (final_state, baseline)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from chaos.timeline import RecoveryMetrics, Timeline, recovery_metrics
+from chaos.timeline import Event, RecoveryMetrics, Timeline, fault_groups, recovery_metrics, run_at
 from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.expect import Expect
 from chaos.verdicts.status import Status
@@ -32,11 +32,28 @@ def seconds(v: float | None) -> str:
 def recovery_time(timeline: Timeline, expect: Expect | None = None) -> list[Verdict]:
     expect = expect or Expect()
     verdicts = []
-    for i, m in enumerate(recovery_metrics(timeline)):
+    for i, (m, group) in enumerate(zip(recovery_metrics(timeline), fault_groups(timeline))):
         evidence = dataclasses.asdict(m) | {"slo_detect_s": expect.slo_detect_s, "slo_recover_s": expect.slo_recover_s,
                                             "clock_offset_s": timeline.clock_offset}
-        verdicts.append(_one(f"{NAME} (fault {i + 1})", m, expect, evidence))
+        name = f"{NAME} (fault {i + 1})"
+        verdicts.append(_absorbed(timeline, name, m, group[0], evidence) or _one(name, m, expect, evidence))
     return verdicts
+
+
+def _absorbed(timeline: Timeline, name: str, m: RecoveryMetrics, fault: Event,
+              evidence: dict[str, object]) -> Verdict | None:
+    """A storage fault whose window ended with no attempt failed left nothing to recover (the
+    S3 client's and Ray's retries absorbed it): what it did to the checkpoints is the storage
+    verdict's to say.  None for any other fault, or one that failed an attempt."""
+    lid = fault.data.get("ledger_id")
+    ended = timeline.first("fault_detected", where=lambda e: e.data.get("ledger_id") == lid)
+    if ended is None or ended.data.get("by") != "storage_window_ended" or m.time_to_recover is not None:
+        return None
+    run = run_at(timeline, fault.t)
+    if any(d.data.get("run_id") == run and d.t >= fault.t for d in timeline.of("failure_decision")):
+        return None
+    return Verdict(name, Status.PASS, f"nothing to recover: no attempt failed while the {fault.data.get('fault')} "
+                   f"fault lasted (its window ended {seconds(m.time_to_detect)} after the injection)", None, evidence)
 
 
 def _one(name: str, m: RecoveryMetrics, expect: Expect, evidence: dict[str, object]) -> Verdict:

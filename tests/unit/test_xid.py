@@ -98,7 +98,7 @@ def test_every_failure_until_the_node_is_back_is_the_xid_faults_own_charge():
     expect = Expect(charge_outcomes=[{"worker_group": 1}, {"worker_group": 2}])
     v = within_budget(tl, expect)
     assert v.status == "pass", v.line()
-    assert "node-recovery fault(s) charged {'worker_group': 2}" in v.message, v.message
+    assert "the xid fault(s) charged {'worker_group': 2}" in v.message, v.message
     assert v.evidence["charged_by_node_recovery_faults"] == {"worker_group": 2}
 
 
