@@ -133,8 +133,10 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # that the S3 client's and Ray's own retries do not absorb fails its rank: a worker-group
     # failure.  Whether one happens depends on the window, so suites assert the charges measured
     # on Ray 2.60 (README, "Which budget a fault costs"); a window the retries absorb costs nothing.
-    FaultKind("storage-partition", "worker_group", needs="object_storage", charge_measured=True,
-              not_drawn="needs-s3-run"),
+    # Detection is the upload's failure: each request times out (the S3 client's and Ray's retries
+    # in turn) — measured 36 s on Ray 2.60.
+    FaultKind("storage-partition", "worker_group", slo_detect_s=90.0, slo_recover_s=180.0,
+              needs="object_storage", charge_measured=True, not_drawn="needs-s3-run"),
     FaultKind("storage-errors", "worker_group", needs="storage_proxy", charge_measured=True, not_drawn="needs-s3-run"),
     FaultKind("storage-slow", None, needs="storage_proxy", charge_measured=True, not_drawn="needs-s3-run"),
 )}

@@ -192,7 +192,8 @@ class StoragePartition(StorageWindow, Fault):
     def revert_plan(self, inj: Injection) -> dict:
         chain = inj.evidence.setdefault("chain", f"chaos-{uuid.uuid4().hex[:8]}-s3")
         return {"action": "heal-storage-partition", "host": inj.host.key, "chain": chain,
-                "why": f"the host heals itself {self._self_heal_s():.0f} s after the cut; until then over its transport"}
+                "why": f"the host heals itself {self._self_heal_s():.0f} s after the cut; until then over its "
+                       "transport"}
 
     def _self_heal_s(self) -> float:
         return self.duration_s + 60

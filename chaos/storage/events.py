@@ -63,7 +63,8 @@ def collect(backend, timeline: Timeline) -> int:
         folder = key.split("/", 1)[0]
         timeline.add(Event(rec["t"], "storage", "storage_request", {
             "seq": rec["seq"], "run_id": run_id, "run_name": run_name, "method": rec["method"], "key": key,
-            "checkpoint": folder if folder.startswith("checkpoint_") else None, "query": rec.get("query", []),
+            "checkpoint": folder if "/" in key and folder.startswith("checkpoint_") else None,
+            "query": rec.get("query", []),
             "status": rec.get("status"), "client": rec.get("client"), "fault": rec.get("fault"),
             "t_end": rec.get("t_end", rec["t"])}))
         added += 1
@@ -130,8 +131,9 @@ def uploads(timeline: Timeline, run_id: str | None = None) -> list[Transfer]:
 
 
 def restores(timeline: Timeline, run_id: str | None = None) -> list[Transfer]:
-    """Each client's reads (GET, HEAD) of a checkpoint folder after its upload: a restart's
-    restore; ``ok`` when its last GET succeeded."""
+    """Each client's reads (GET, HEAD) of a checkpoint folder after its upload that fetched an
+    object of it (a GET): a restart's restore, ``ok`` when its last GET succeeded.  Reads that
+    fetch nothing — the controller's look at a folder before deleting it — are no restore."""
     written = {u.checkpoint: u.end for u in uploads(timeline, run_id)}
     groups: dict[tuple[str, str], list[Event]] = {}
     for e in _requests(timeline, run_id):
@@ -140,8 +142,9 @@ def restores(timeline: Timeline, run_id: str | None = None) -> list[Transfer]:
             groups.setdefault((folder, e.data.get("client") or "?"), []).append(e)
     out = []
     for (folder, client), reqs in groups.items():
-        gets = [e for e in reqs if e.data["method"] == "GET"]
-        out.append(_transfer(folder, reqs, bool(gets) and _ok(gets[-1]), client))
+        gets = [e for e in reqs if e.data["method"] == "GET" and "/" in e.data["key"].rstrip("/")]
+        if gets:
+            out.append(_transfer(folder, reqs, _ok(gets[-1]), client))
     return sorted(out, key=lambda r: r.start)
 
 

@@ -77,9 +77,10 @@ def storage_fault(timeline: Timeline, fault: Event, name: str) -> Verdict:
                        Diagnosis.NO_STORAGE_EVIDENCE, {"window": [start, end]})
     ups, rs, committed = uploads(timeline, run), restores(timeline, run), _committed(timeline)
     met = [t for t in (*ups, *rs) if t.start <= end and t.end >= start]
-    evidence = {"fault": fault.data.get("fault"), "window": [start, end],
+    unseen = _s3_errors(timeline, run, start, end)
+    evidence = {"fault": fault.data.get("fault"), "window": [start, end], "s3_errors": unseen,
                 "uploads": [_json(u, committed) for u in ups], "restores": [_json(r, committed) for r in rs]}
-    if not met:
+    if not met and not unseen:
         return Verdict(name, Status.UNVERIFIABLE, f"unverifiable: the storage fault met no checkpoint transfer: no "
                        f"upload or restore ran in its {end - start:.1f} s window", Diagnosis.STORAGE_MET_NOTHING,
                        evidence)
@@ -87,7 +88,22 @@ def storage_fault(timeline: Timeline, fault: Event, name: str) -> Verdict:
     if findings:
         diagnosis, message = findings[0]
         return Verdict(name, Status.FAIL, message + "".join(f"; {m}" for _, m in findings[1:]), diagnosis, evidence)
-    return Verdict(name, Status.PASS, _what_happened(timeline, run, fault, ups, rs, met, committed), None, evidence)
+    message = _what_happened(timeline, run, fault, ups, rs, met, committed)
+    if unseen:  # a transfer the endpoint never saw (a partition): the ranks' own words for it
+        message += "; " + "; ".join(f"attempt {e['attempt']}'s rank {e['rank']} failed with an S3 error: {e['error']}"
+                                    for e in unseen)
+    return Verdict(name, Status.PASS, message, None, evidence)
+
+
+def _s3_errors(timeline: Timeline, run: str | None, start: float, end: float) -> list[dict[str, Any]]:
+    """The ranks' S3 errors (pyarrow's "AWS Error ...") while the fault acted, as the recorder
+    saw them: a transfer that failed before it reached the endpoint leaves only these."""
+    out = []
+    for e in timeline.of("worker_error"):
+        if e.data.get("run_id") == run and start <= e.t <= end + 30:
+            out += [{"attempt": e.attempt, "rank": r, "error": str(m).splitlines()[0][:240]}
+                    for r, m in sorted((e.data.get("errors") or {}).items()) if "aws error" in str(m).lower()]
+    return out
 
 
 def _run_of(timeline: Timeline, fault: Event) -> str | None:
@@ -150,5 +166,5 @@ def _what_happened(timeline: Timeline, run: str | None, fault: Event, ups: list[
                          f"answered or held by the fault) and committed {u.took - (usual or 0.0):.1f} s late (it took "
                          f"{u.took:.1f} s; the run's other uploads {'n/a' if usual is None else f'{usual:.2f} s'})")
         parts.insert(0, "absorbed by the S3 client's and Ray's retries: no attempt failed")
-    return "; ".join(parts) or (f"met {len(met)} checkpoint transfer(s), each completed; the failures after it "
-                                "are within-budget's to attribute")
+    return "; ".join(parts) or (f"met {len(met)} checkpoint transfer(s), each of which completed"
+                                if met else "met no transfer the endpoint saw")

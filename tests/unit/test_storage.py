@@ -210,7 +210,9 @@ def test_a_late_upload_that_completed_is_ok_and_restores_are_per_client():
                       *multipart(13.0, "checkpoint_a/state.pt"),
                       (40.0, "HEAD", "checkpoint_a/state.pt", [], 200, "10.0.0.3"),
                       (40.1, "GET", "checkpoint_a/state.pt", [], 503, "10.0.0.3"),
-                      (41.0, "GET", "checkpoint_a/state.pt", [], 206, "10.0.0.4"))
+                      (41.0, "GET", "checkpoint_a/state.pt", [], 206, "10.0.0.4"),
+                      # the controller looks at the folder before it deletes it: no restore
+                      (50.0, "HEAD", "checkpoint_a", [], 404, "10.0.0.1"))
     [up] = events.uploads(tl)
     assert up.ok and up.faulted == 1 and round(up.took, 2) == 3.21
     r3, r4 = events.restores(tl)

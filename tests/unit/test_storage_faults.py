@@ -178,3 +178,25 @@ def test_a_storage_partition_drops_only_the_endpoint_and_is_healed(local, fake_i
             os.killpg(timer, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_ray_chaos_sweep_lifts_a_rule_a_killed_session_left(local, tmp_path):
+    """The ledger's entry, written before the injection, is all the sweep needs: the rule is
+    lifted and the entry closed; a second sweep finds nothing open."""
+    from chaos.ledger import Ledger, sweep
+
+    store = local.object_storage()
+    admin = ProxyAdmin(local.admin_url)
+    ctx, host = ctx_for(store, store.path + "/run", proxy=admin)
+    fault = StorageErrors(duration_s=300)
+    target = fault.resolve(ctx)
+    inj = Injection(fault, target, host, t=ctx.timeline.events[-1].t)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    inj.ledger_id = ledger.record(fault.kind, target.to_json(), fault.revert_plan(inj), test="t")
+    fault.inject(ctx, inj)
+    inj.handles["stop"].set()  # the session is gone: nothing of it ends the window
+    ledger.mark(inj.ledger_id, "injected")
+    said = []
+    assert sweep(ledger, types.SimpleNamespace(), say=said.append) == []
+    assert admin.rules() == [] and ledger.open_entries() == []
+    assert said and "swept storage-errors" in said[0] and "lift-storage-rule" in said[0]

@@ -68,7 +68,8 @@ class S3Script(Script):
     def storage_fault(self, kind="storage-errors", node="n0", scope_rank=0):
         self.faults += 1
         self.events.append(self._e("fault", "fault_injected", fault=kind, ledger_id=f"f{self.faults}",
-                                   target={"node_id": node, "node_ip": f"127.0.1.{scope_rank + 2}", "rank": scope_rank}))
+                                   target={"node_id": node, "node_ip": f"127.0.1.{scope_rank + 2}",
+                                           "rank": scope_rank}))
         self.fault_t = self.t
         return self
 
@@ -204,3 +205,17 @@ def test_a_failed_restore_the_script_swallows_fails():
     v = storage_verdict(restore_run(swallowed=True))
     assert v.status is Status.FAIL and v.diagnosis is Diagnosis.FAILED_RESTORE_IGNORED, v.line()
     assert "yet attempt 1 reported step 1 after it" in v.message
+
+
+def test_a_partition_the_endpoint_never_saw_is_named_by_the_ranks_s3_errors():
+    """Rank 0's host cut off from the endpoint: its upload never reaches the proxy, only its
+    error says what happened — evidence enough that the fault met a transfer."""
+    timeout = ("OSError: When getting information for key 'ck/r/.validate_storage_marker' in bucket 'ray-chaos': "
+               "AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 28, Timeout was reached")
+    s = S3Script(max_failures=5).start_attempt().steps(1, 9).storage_fault(kind="storage-partition")
+    s.worker_error({0: timeout}).decision(error=timeout, error_types=("WorkerGroupError", "OSError"), limit=5)
+    tl = s.start_attempt().restore(5).window_ended().steps(6, 20).finish().timeline()
+    v = storage_verdict(tl)
+    assert v.status is Status.PASS, v.line()
+    assert "attempt 0's rank 0 failed with an S3 error: OSError: When getting information for key" in v.message
+    assert not attribute(tl).unrelated
