@@ -46,8 +46,7 @@ def readings(run: RunReports, commit: Row, rank: int, attempt: int) -> list[Read
         return []
     ck, source, whose = held
     found = [_reading(run, commit, rank, attempt, ck, source, whose)]
-    later = run.same_step_after(commit, source, ck)
-    if later is not None and _saved_before_the_step(run, commit, later, source):
+    if _maybe_saved_before_its_step(run, commit, source, ck):
         found = [dataclasses.replace(found[0], assumes="an evaluation after saving it"),
                  Reading(ck, ck, f"checkpoint step {ck}{whose} saved at the top of step {ck} (its report carried "
                          f"no training state; the report of step {ck} after it did): a restart begins at step {ck}",
@@ -100,6 +99,20 @@ def _stepless(run: RunReports, commit: Row, rank: int, attempt: int) -> list[Rea
         found.append(_reading(run, commit, rank, attempt, nxt, rank, f" ({where} and before step {nxt}'s metrics)",
                               f"it was saved after step {nxt}, before that step's metrics were reported"))
     return found
+
+
+def _maybe_saved_before_its_step(run: RunReports, commit: Row, rank: int, ck: Step) -> bool:
+    """Whether ``commit`` may hold the state before step ``ck``: its own step's report after it
+    carries the training state its report did not — or, where the fault came before any
+    report of that step followed it, an earlier checkpoint of the run showed that habit."""
+    later = run.same_step_after(commit, rank, ck)
+    if later is not None:
+        return _saved_before_the_step(run, commit, later, rank)
+    if any(run.after(commit)):
+        return False  # a later step came and none of this step's: saved after it
+    return any(c is not commit and rank in c.steps and (after := run.same_step_after(c, rank, c.steps[rank]))
+               is not None and _saved_before_the_step(run, c, after, rank)
+               for c in run.rows if c.checkpoint and c.attempt <= commit.attempt)
 
 
 def _saved_before_the_step(run: RunReports, commit: Row, later: Row, rank: int) -> bool:

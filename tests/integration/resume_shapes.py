@@ -221,12 +221,19 @@ def test_checkpoint_reported_before_its_steps_metrics(chaos, tmp_path):
     assert "reproduced" in v.message, v.line()
 
 
+def before_the_next_save(outcome):
+    """The shape's precondition: the kill at step 12 landed before checkpoint 15 (1 s steps)."""
+    reached = max(s for r in outcome.timeline.of("report") if r.attempt == 0 for s in steps_of(r).values())
+    assert reached < 15, f"attempt 0 reached step {reached} before the kill: the shape needs checkpoint 10 as the latest"
+
+
 def test_saved_at_the_top_of_the_step(chaos, tmp_path):
     """Saves the state before training step 10, labelled 10; killed at step 12, the restart
     begins at 10 and saves it again at its top — a correct resume, no longer 'resumed from an
     older checkpoint' (a second commit at 10)."""
-    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top", deterministic=True),
+    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top --step-time 1.0", deterministic=True),
                         faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    before_the_next_save(outcome)
     v = resume(outcome)
     assert v.status == "pass" and "attempt 1 resumed at step 10" in v.message, v.line()
 
@@ -234,8 +241,9 @@ def test_saved_at_the_top_of_the_step(chaos, tmp_path):
 def test_saved_at_the_top_then_a_restart_past_it(chaos, tmp_path):
     """The buggy twin: the restart begins after the saved step, whose batch is never trained —
     no longer a pass (a same-step report after a checkpoint was taken for an evaluation)."""
-    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top --skip-restored-step", deterministic=True),
-                        faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    outcome = chaos.run(shape(chaos, tmp_path, "--save-at-top --skip-restored-step --step-time 1.0",
+                              deterministic=True), faults=[(AtStep(12), chaos.raylet_kill(rank=1))])
+    before_the_next_save(outcome)
     v = resume(outcome)
     assert v.status == "fail" and v.diagnosis == "resumed past the checkpoint", v.line()
     assert "saved at the top of step 10" in v.message, v.line()

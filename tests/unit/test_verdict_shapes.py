@@ -110,6 +110,38 @@ def test_2_twin_a_restart_at_that_step_saving_the_loaded_state_again_passes():
     assert v.status == "pass" and "step 10 reproduced" in v.message, v.line()
 
 
+def saved_at_the_top_then_killed_on_it(restart_at):
+    """The same habit (checkpoints 5 and 10 saved at the top of their steps), and the fault
+    right after checkpoint 15's report, before step 15 itself is reported: only the habit says
+    that checkpoint may hold the state before step 15."""
+    s_ = Script(state_metric="loss").start_attempt()
+    for s in range(1, 16):
+        if s % 5 == 0:
+            s_.report({0: s, 1: s}, f"/storage/ck{s}")
+        if s < 15:
+            s_.report({0: s, 1: s}, states={0: f(s - 1), 1: f(s - 1)})
+    s_.fault().decision().start_attempt()
+    for k, s in enumerate(range(restart_at, 21), start=14):
+        if s % 5 == 0:
+            s_.report({0: s, 1: s}, f"/storage/ck{s}-again")
+        s_.report({0: s, 1: s}, states={0: f(k), 1: f(k)})
+    return s_.finish().timeline()
+
+
+FAULT_FREE_20 = Baseline("k", trajectory={r: [[st, {"loss": f(st - 1)}] for st in range(1, 21)] for r in (0, 1)},
+                         job_id="b1", made_at="then")
+
+
+def test_2_killed_right_after_a_top_of_step_checkpoint_the_habit_keeps_both_readings():
+    # the healthy restart at 15 saves 15 again: no longer "resumed from an older checkpoint"
+    v = resume(saved_at_the_top_then_killed_on_it(15))
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.CHECKPOINT_STEP_AMBIGUOUS, v.line()
+    with_baseline = dataclasses.replace(DET, baseline=True, reference=FAULT_FREE_20)
+    assert resume(saved_at_the_top_then_killed_on_it(15), with_baseline).status == "pass"
+    v = resume(saved_at_the_top_then_killed_on_it(16), with_baseline)  # its twin skips step 15
+    assert v.status == "fail" and v.diagnosis is Diagnosis.PAST_THE_CHECKPOINT, v.line()
+
+
 # -- 3: two faults charged each other's budget classes (false pass) -------------------------------
 def two_faults(first_class, second_class):
     s = Script().start_attempt().steps(1, 12)
