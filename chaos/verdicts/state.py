@@ -6,7 +6,7 @@ A re-done step's loss is computed before any update, so the first re-done step s
 weights (and the batch) the restart began from, and only the steps after it the optimizer,
 scheduler, data position and RNG.  A workload declared deterministic that re-did fewer than
 two steps has therefore shown only part of its state: the state-trajectory verdict follows it
-against a fault-free baseline instead (chaos.experiment makes one), and without one this
+against a fault-free baseline instead (chaos.pytest_plugin.Chaos.run makes one then), and without one this
 verdict is unverifiable — never a pass on a weights-only check.
 """
 
