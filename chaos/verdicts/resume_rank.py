@@ -85,10 +85,11 @@ def _judge_reading(run: RunReports, rank: int, got: Step, commits: list[Row], at
     if after_it and r.nxt is None:
         return Judgement(rank, got, Status.UNVERIFIABLE, r.unknown, None, r.ck, r.rule, r.rule)
     if after_it and r.nxt is not None and got < r.nxt:
+        unseen = f"{r.ck + 1}..{got - 1}" if _whole(got, r.ck) else f"after {r.ck} and before {got}"
         return Judgement(rank, got, Status.UNVERIFIABLE, Diagnosis.BETWEEN_REPORTS, r.nxt, r.ck, r.rule,
                          f"attempt {attempt} first reported step {got}, between checkpoint step {r.ck} and step "
-                         f"{r.nxt} ({r.rule}): steps {r.ck}..{got} may have been trained unreported (a reporting "
-                         "phase that restarts with the attempt) or skipped")
+                         f"{r.nxt} ({r.rule}): steps {unseen} may have been trained unreported (a reporting phase "
+                         "that restarts with the attempt) or skipped")
     return _wrong(run, rank, got, commits, attempt, r)
 
 

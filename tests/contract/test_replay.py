@@ -38,6 +38,12 @@ def one_stride_too_far(stride):
     return check
 
 
+def one_stride_unpredicted(message):
+    """A message check: unverifiable because the first step falls between the checkpoint and
+    the step a stride predicts, or because the strides vary."""
+    return "between checkpoint step" in message or "varying strides" in message
+
+
 # fixture -> {verdict name prefix: (status, phrase its message must contain, a check of it, or None)}.
 # Any verdict not listed must not fail and must not be unverifiable.
 EXPECTED = {
@@ -134,6 +140,20 @@ EXPECTED = {
         "resumed-from-latest (run 2, attempt 1)": ("fail", "restarted from scratch: attempt 1 began at step 1 on "
                                                            "every rank although checkpoint step 10"),
     },
+    # user_train.py with the reporting orders of tests/integration/resume_shapes.py's reporting-orders
+    # group, killed at step 12 (checkpoint 10 the latest): each needs the restart's first state value
+    "user_checkpoint_before_metrics": {  # each save: report({}, checkpoint), then the step's metrics
+        "resumed-from-latest": ("pass", "attempt 1 resumed at step 11"),
+        "state-restored": ("pass", None),
+    },
+    "user_saved_at_top": {  # saves the state before step 10 as 10; the restart begins at 10 and saves it again
+        "resumed-from-latest": ("pass", "attempt 1 resumed at step 10"),
+        "state-restored": ("pass", None),
+    },
+    "user_saved_at_top_skips_the_step": {  # the same, its restart beginning at 11: step 10's batch never trained
+        "resumed-from-latest": ("fail", "resumed past the checkpoint: attempt 1 began at step 11 on every rank"),
+        "state-restored": ("fail", "state not restored"),
+    },
     # Hugging Face Trainer with Ray's callback: reports (with a checkpoint) at steps 4, 8, ...
     "hf_trainer_healthy": {  # one report (4 steps) after the latest checkpoint: 12 after 8 as recorded
         "resumed-from-latest": ("pass", one_stride_after_the_checkpoint(4)),
@@ -142,6 +162,11 @@ EXPECTED = {
     },
     "hf_trainer_ignores_checkpoint": {
         "resumed-from-latest": ("fail", "restarted from scratch: attempt 1 began at step 4 on every rank"),
+    },
+    "hf_trainer_misaligned_logging": {  # logging_steps=10, save_steps=25: reports 20, 50, 70, 100, killed after
+        # checkpoint 2 (50): the right restart first reports 70, which no stride predicts — never a failure
+        "resumed-from-latest": ("unverifiable", one_stride_unpredicted),
+        "state-restored": ("n/a", None),
     },
     # Lightning with RayDDPStrategy and Ray's callback: step 4, 8, ... at each epoch's end
     "lightning_healthy": {  # likewise: 12 after 8 as recorded
