@@ -1,7 +1,8 @@
 """One Ray Train run under test, submitted as a Ray job through the Jobs API.
 
-The harness package travels in the job's runtime_env (``py_modules``) and the recorder
-is switched on through ``RAY_TRAIN_CALLBACKS``; the user's script is not touched.
+The part of the harness a job runs (chaos.train.job_package: the recorder, its channel, the
+reference workload) travels in the job's runtime_env (``py_modules``) and the recorder is
+switched on through ``RAY_TRAIN_CALLBACKS``; the user's script is not touched.
 Job logs are streamed into a file as they arrive.  The job's end (``job_finished``) is
 the end of that stream, or — sooner, once Train's run has finished — the job's status.
 """
@@ -19,13 +20,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import chaos
 from chaos.cluster import ClusterView
 from chaos.errors import WaitTimeout, WorkloadError
 from chaos.timeline import Event, Timeline, latest_run
 from chaos.triggers import run_ended
 from chaos.waits import poll_until
 from chaos.train.eventlog import EventLog
+from chaos.train.job_package import job_package
 from chaos.train.channel import ENV_EVENTS_LOG, ENV_STATE_METRIC, ENV_STEP_METRIC
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,13 @@ def user_spec(command: str, name: str, step_metric: str = "auto", working_dir: s
 
 
 # Compiled caches are never shipped: Ray hashes a directory twice per submission (once for the
-# job's runtime_env, once to upload it), so a .pyc written in between (any process importing the
-# harness from a checkout) leaves the job naming a package that was never uploaded.
+# job's runtime_env, once to upload it), so a .pyc written in between (any process importing a
+# script from the working_dir) leaves the job naming a package that was never uploaded.
 PACKAGE_EXCLUDES = ["__pycache__", "*.pyc"]
 
 
 def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
-    """The job's runtime_env: the user's own fields, the harness package beside their modules,
+    """The job's runtime_env: the user's own fields, the harness's job package beside their modules,
     the recorder switched on, and ``harness_env`` (where the recorder sends its events, the
     fault's settings), then the spec's own variables."""
     user = {k: v for k, v in spec.runtime_env.items() if k not in ("env_vars", "py_modules", "excludes")}
@@ -103,7 +104,7 @@ def runtime_env(spec: RunSpec, harness_env: dict[str, str]) -> dict:
         **harness_env,
         **spec.env_vars,
     }
-    renv: dict = {**user, "py_modules": [str(Path(chaos.__file__).parent), *spec.runtime_env.get("py_modules", [])],
+    renv: dict = {**user, "py_modules": [str(job_package()), *spec.runtime_env.get("py_modules", [])],
                   "env_vars": env, "excludes": [*spec.runtime_env.get("excludes", []), *PACKAGE_EXCLUDES]}
     if spec.working_dir:
         renv["working_dir"] = spec.working_dir
