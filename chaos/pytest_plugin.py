@@ -488,11 +488,25 @@ class Chaos:
         return self.request.config.getoption
 
     @property
+    def _script_source(self) -> str | None:
+        """Where the user's own training script comes from, or None (the reference workload runs)."""
+        if self._opt("chaos_workload") is not None:
+            return "--chaos-workload"
+        profile = self.env.backend.profile
+        if profile is not None and profile.workload.kind == "entrypoint":
+            return "the profile's workload.entrypoint"
+        return None
+
+    @property
     def user_workload(self) -> bool:
-        return self._opt("chaos_workload") is not None
+        """The session runs the user's own script (``--chaos-workload`` or a profile's entrypoint)."""
+        return self._script_source is not None
 
     def workload(self, storage: str = "default", **params) -> RunSpec:
-        """The reference workload with ``params`` — or the user's own script if given.
+        """The reference workload with ``params`` — or the user's own script, when the session
+        has one (``--chaos-workload``, a profile's ``workload.entrypoint``).  A script sets its
+        own workers, budget and steps, so with one, ``params`` fail the test naming them:
+        ignoring them would judge the script against settings it never had.
         ``storage="s3"``: checkpoints on the backend's S3 storage (the profile's, or the
         embedded cluster's own moto server behind the fault proxy), which a backend without one
         skips; every run on S3 storage gets its endpoint and credentials in its environment."""
@@ -511,7 +525,14 @@ class Chaos:
     def _workload(self, storage_path: str, **params) -> RunSpec:
         # Unique per call: Train resumes from any checkpoint already under storage/name.
         name = self.request.node.name.replace("[", "-").replace("]", "")[:40].strip("-_") + "-" + uuid.uuid4().hex[:6]
-        if self.user_workload:
+        if self.user_workload and params:
+            given = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            pytest.fail(f"chaos.workload({given}): this session runs your own training script "
+                        f"({self._script_source}), which cannot take these: they set up the reference workload, and "
+                        "your script sets its own (workers, FailureConfig, steps, checkpoints). Call chaos.workload() "
+                        "without arguments in a test meant for your script, or run this test without a script of "
+                        "your own", pytrace=False)
+        if self._opt("chaos_workload") is not None:
             return user_spec(self._opt("chaos_workload"), name, step_metric=self._opt("chaos_step_metric"),
                              working_dir=self._opt("chaos_workload_dir"), state_metric=self._opt("chaos_state_metric"),
                              deterministic=self._opt("chaos_deterministic"))

@@ -14,9 +14,11 @@ pytestmark = pytest.mark.chaos
 
 @pytest.mark.extended
 def test_raylet_kill_with_spare_capacity(chaos):
-    """3 worker hosts, 2 ranks: the restart can use the spare host at once."""
+    """3 worker hosts, 2 ranks: the restart can use the spare host at once.  The reference
+    workload as it comes (2 ranks, max_failures=3), or the user's own script as it is (the
+    README's own-script line)."""
     outcome = chaos.run(
-        chaos.workload(num_workers=2, max_failures=3, steps=20, checkpoint_every=5),
+        chaos.workload(),
         faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))],
     )
     outcome.assert_verdicts()
