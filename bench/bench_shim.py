@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chaos.shim.build import compiler, ensure_shim  # noqa: E402
 from chaos.shim.plan import Plan  # noqa: E402
-from fixtures.cuda_stub import build_stub  # noqa: E402
+from chaos.shim.cuda_stub import build_stub  # noqa: E402
 
 LOOP_C = r"""
 #define _GNU_SOURCE

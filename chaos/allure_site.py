@@ -1,7 +1,8 @@
 """Turn reports/allure-results into the HTML chaos report, with trends across runs.
 
-Allure 3 (the npm package ``allure``, pinned in package.json, installed by ``npm ci``)
-does the rendering: no Java, nothing fetched at generation time.  This module adds what
+Allure 3 (the npm package ``allure``, pinned as ``ALLURE_VERSION`` and in package.json) does
+the rendering: no Java.  A checkout has it from ``npm ci``; an installed harness finds it in
+the user's cache, or ``ray-chaos report`` installs the pin there once (``install_allure_cli``).  This module adds what
 makes the report about chaos rather than about pytest:
 
 * categories: a failed verdict's diagnosis (e.g. "resumed from an older checkpoint")
@@ -38,13 +39,15 @@ from typing import Mapping
 from chaos.errors import ChaosError
 from chaos.verdicts.diagnosis import ReportCategory, report_phrases
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[1]  # a repository checkout when it holds package.json
 DEFAULT_RESULTS = Path("reports/allure-results")
 DEFAULT_REPORT = Path("reports/allure-report")
 DEFAULT_HISTORY = Path("reports/history.jsonl")
 DEFAULT_SUMMARY = Path("reports/summary.json")
 GENERATE_TIMEOUT_S = 600
 MIN_NODE = (20, 19)  # allure 3.18 uses Array.prototype.toSorted; its dependencies ask for 20.19
+ALLURE_VERSION = "3.18.0"  # package.json pins the same (tests/unit/test_packaging.py)
+NPM_TIMEOUT_S = 600
 
 
 def _containing(*phrases: str) -> str:
@@ -203,29 +206,84 @@ def attach_projection(results: Path, summary_file: str | os.PathLike) -> None:
         print(f"ETTR projection left out of the report (a bug in chaos.projection): {e!r}", file=sys.stderr)
 
 
-def allure_cli(search: tuple[Path, ...] | None = None) -> list[str]:
-    """The command that runs Allure 3, or a ChaosError saying what to install."""
+class AllureMissing(ChaosError):
+    """The pinned Allure CLI is nowhere it is looked for (``install_allure_cli`` can put it there)."""
+
+
+def allure_cache() -> Path:
+    """Where ``ray-chaos report`` installs the pinned Allure CLI: the user's cache, one directory per version."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ray-chaos" / "allure" / ALLURE_VERSION
+
+
+def check_node() -> None:
+    """Node.js is there and new enough for Allure 3, or a ChaosError saying what to install."""
     if shutil.which("node") is None:
-        raise ChaosError(
-            f"node is not installed; the HTML report needs Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]} and npm, "
-            f"then `npm ci` in {REPO_ROOT}"
-        )
+        raise ChaosError(f"node is not installed: the HTML report needs Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]} with npm "
+                         "(https://nodejs.org, or your distribution's nodejs and npm packages)")
     version = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     if tuple(int(part) for part in version.lstrip("v").split(".")[:2]) < MIN_NODE:
         raise ChaosError(
             f"node {version} is too old: Allure 3 needs Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]} "
             "(Debian 12's nodejs package is 18; Debian 13's is new enough)"
         )
-    roots = search or (Path.cwd(), REPO_ROOT)
-    for root in roots:
+
+
+def allure_cli(search: tuple[Path, ...] | None = None) -> list[str]:
+    """The command that runs the pinned Allure CLI, from the first of ``search`` (default: the
+    current directory, a checkout, the user's cache) whose node_modules holds it, else an
+    ``allure`` on PATH of that version; ``AllureMissing`` says where it looked."""
+    check_node()
+    roots = search or (Path.cwd(), *([CHECKOUT] if (CHECKOUT / "package.json").is_file() else []), allure_cache())
+    other = []
+    for root in dict.fromkeys(roots):
         package = root / "node_modules" / "allure" / "package.json"
         if package.is_file():
             version = json.loads(package.read_text()).get("version", "")
-            if not version.startswith("3."):
-                raise ChaosError(f"{package} is allure {version}; the report needs allure 3.x: run `npm ci` in {REPO_ROOT}")
-            return ["node", str(root / "node_modules" / "allure" / "cli.js")]
-    where = " or ".join(str(r) for r in dict.fromkeys(roots))
-    raise ChaosError(f"the allure 3 npm package is not installed (looked in {where}/node_modules): run `npm ci` in {REPO_ROOT}")
+            if version == ALLURE_VERSION:
+                return ["node", str(package.parent / "cli.js")]
+            other.append(f"allure {version} in {root / 'node_modules'}")
+    on_path = shutil.which("allure")
+    if search is None and on_path:
+        version = subprocess.run([on_path, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+        if version == ALLURE_VERSION:
+            return [on_path]
+        other.append(f"allure {version or '(no version)'} at {on_path}")
+    where = ", ".join(str(r / "node_modules") for r in dict.fromkeys(roots))
+    raise AllureMissing(f"the Allure CLI (npm package allure@{ALLURE_VERSION}) is not installed: looked in {where}"
+                        f"{' and on PATH' if search is None else ''}"
+                        + (f"; not the pinned version: {'; '.join(other)}" if other else "")
+                        + f". `ray-chaos report` installs it into {allure_cache()} (needs npm); in a checkout, "
+                          "`npm ci` in its root")
+
+
+def install_allure_cli(say=print) -> list[str]:
+    """``npm install`` the pinned Allure CLI into the user's cache (``allure_cache``), saying so
+    first; built beside it and moved in whole, so an interrupted install is never found."""
+    check_node()
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ChaosError(f"npm is not installed: the HTML report needs the Allure CLI (npm package allure@{ALLURE_VERSION}), "
+                         f"installed with npm (it comes with Node.js >= {MIN_NODE[0]}.{MIN_NODE[1]})")
+    cache = allure_cache()
+    say(f"report: installing the Allure CLI once (npm install allure@{ALLURE_VERSION} into {cache}); "
+        "later reports reuse it")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{cache.name}-", dir=cache.parent))
+    try:
+        proc = subprocess.run([npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--loglevel=error",
+                               f"allure@{ALLURE_VERSION}"], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise ChaosError(f"npm install allure@{ALLURE_VERSION} failed (exit {proc.returncode}; npm reaches its "
+                             f"registry through `npm config` registry/proxy settings):\n"
+                             f"{(proc.stdout + proc.stderr).strip()[-2000:]}")
+        shutil.rmtree(cache, ignore_errors=True)
+        staging.rename(cache)
+    except subprocess.TimeoutExpired as e:
+        raise ChaosError(f"npm install allure@{ALLURE_VERSION} did not finish within {NPM_TIMEOUT_S}s") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return allure_cli(search=(cache,))
 
 
 def allure_config(name: str, history_file: Path, history_limit: int | None) -> dict:
@@ -269,12 +327,14 @@ def generate(
     name: str = "Ray chaos report",
     history_limit: int | None = 100,
     projection: bool = False,
+    allure: list[str] | None = None,
 ) -> Path:
     """Generate the report; return ``report_dir`` (open its index.html over HTTP).
 
     ``summary_file`` (reports/summary.json from chaos.summary.write_summary), when given,
     feeds the recovery-time metrics and their trends, and with ``projection`` the ETTR
-    projection (what `make report` / `ray-chaos report` add).
+    projection (what `make report` / `ray-chaos report` add).  ``allure``: the command that
+    runs the Allure CLI (default: ``allure_cli()``'s).
 
     The new report is built beside ``report_dir`` and swapped in only when complete, so a
     failed generation leaves the previous report in place.
@@ -286,7 +346,7 @@ def generate(
         raise ChaosError(f"no Allure results in {results}: run the chaos tests first (pytest -m chaos --alluredir {results_dir})")
     if report.exists() and any(report.iterdir()) and not (report / "index.html").is_file():
         raise ChaosError(f"{report} exists and is not an Allure report; refusing to replace it")
-    command = allure_cli()
+    command = allure or allure_cli()
     write_categories(results)
     write_executor(results)
     if summary_file is not None:
@@ -320,26 +380,48 @@ def generate(
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m chaos.allure_site``: what `make report` runs."""
-    parser = argparse.ArgumentParser(prog="python -m chaos.allure_site", description=main.__doc__)
-    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="allure-results directory")
-    parser.add_argument("--report", default=str(DEFAULT_REPORT), help="output directory of the HTML report")
-    parser.add_argument("--history", default=str(DEFAULT_HISTORY), help="Allure 3 history file (JSONL) kept between runs")
-    parser.add_argument("--summary", default=str(DEFAULT_SUMMARY), help="summary.json for the metrics (used when present)")
-    parser.add_argument("--name", default="Ray chaos report")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report command's options (``ray-chaos report``, ``python -m chaos.allure_site``)."""
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="allure-results directory (default: %(default)s)")
+    parser.add_argument("--report", default=str(DEFAULT_REPORT),
+                        help="output directory of the HTML report (default: %(default)s)")
+    parser.add_argument("--history", default=str(DEFAULT_HISTORY),
+                        help="Allure history file (JSONL) kept between runs for the trends (default: %(default)s)")
+    parser.add_argument("--summary", default=str(DEFAULT_SUMMARY),
+                        help="summary.json for the metrics, used when present (default: %(default)s)")
+    parser.add_argument("--name", default="Ray chaos report", help="the report's title")
     parser.add_argument("--no-projection", action="store_true",
                         help="leave out the ETTR projection (chaos.projection) made from the summary")
-    args = parser.parse_args(argv)
+
+
+def report(args: argparse.Namespace) -> int:
+    """Generate the report as ``args`` say, installing the pinned Allure CLI first if it is missing."""
     summary = args.summary if Path(args.summary).is_file() else None
     try:
-        report = generate(args.results, args.report, args.history, summary_file=summary, name=args.name,
-                          projection=not args.no_projection)
+        try:
+            command = allure_cli()
+        except AllureMissing:
+            command = install_allure_cli(say=lambda line: print(line, file=sys.stderr))
+        out = generate(args.results, args.report, args.history, summary_file=summary, name=args.name,
+                       projection=not args.no_projection, allure=command)
     except ChaosError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"report: {report / 'index.html'} (serve it: npx allure open {report})")
+    print(f"report: {out / 'index.html'} (serve it: {' '.join(command)} open {out})")
     return 0
+
+
+DESCRIPTION = (f"Generate the HTML chaos report (Allure {ALLURE_VERSION}, with history) from the Allure results a "
+               "chaos session wrote. Needs Node.js >= 20.19; the pinned Allure CLI is looked for in ./node_modules, "
+               "a checkout, the user's cache (~/.cache/ray-chaos/allure, or under $XDG_CACHE_HOME) and on PATH, and "
+               "installed into that cache with npm when missing.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaos.allure_site``: what `make report` runs."""
+    parser = argparse.ArgumentParser(prog="python -m chaos.allure_site", description=DESCRIPTION)
+    add_arguments(parser)
+    return report(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

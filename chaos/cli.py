@@ -1,13 +1,15 @@
-"""`ray-chaos`: the harness's command line (report, ledger, sweep, project)."""
+"""`ray-chaos`: the harness's command line (run, report, ledger, sweep, project)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from chaos.errors import ClusterError
+import chaos
+from chaos.errors import ChaosError, ClusterError
 from chaos.ledger import Ledger
 
 
@@ -94,12 +96,80 @@ def _project(args) -> int:
     return 0
 
 
+RUN_HELP = """\
+Run the standard chaos suites installed with the harness (the package chaos.suites) under
+pytest: without --profile on an embedded cluster on this machine (real Ray head and workers;
+as root each worker in a test host of its own; the reference workload needs torch: pip install
+'ray-chaos-harness[workload]'), with --profile on the cluster it describes.
+
+Arguments that name a suite file or test (test_raylet_kill.py, test_raylet_kill.py::NAME)
+select from the installed suites; every other argument goes to pytest as it is: -k, -x,
+--chaos-* options (pytest --help lists them), your own test files.  Unless given: -m chaos,
+--alluredir reports/allure-results (what `ray-chaos report` reads).
+
+Examples:
+  ray-chaos run --profile staging.yaml
+  ray-chaos run --profile staging.yaml test_raylet_kill.py -k spare_capacity
+  ray-chaos run --collect-only -q                       (list the suites)
+The same with pytest: pytest -m chaos --pyargs chaos.suites --chaos-profile staging.yaml.
+Your own suite files use the same plugin: pytest -m chaos --chaos-profile staging.yaml my_suite.py
+"""
+
+
+def suites_dir() -> Path:
+    """The standard suites: chaos/suites in an installed wheel, suites/ beside chaos/ in a checkout."""
+    here = Path(chaos.__file__).resolve().parent
+    for candidate in (here / "suites", here.parent / "suites"):
+        if (candidate / "__init__.py").is_file():
+            return candidate
+    raise ChaosError(f"no chaos suites beside {here}: the harness is neither installed from its wheel nor a checkout")
+
+
+def pytest_args(extra: list[str], profile: str | None, suites: Path, cwd: Path) -> list[str]:
+    """``ray-chaos run``'s pytest command line: suite names resolved in ``suites`` (a file of that
+    name in ``cwd`` wins), all suites when none is named, and the defaults the user did not set."""
+    def suite(arg: str) -> bool:
+        path = arg.split("::", 1)[0]
+        return not arg.startswith("-") and path.endswith(".py") and (suites / path).is_file() and not (cwd / path).exists()
+
+    named = [str(suites / a) for a in extra if suite(a)]
+    rest = [a for a in extra if not suite(a)]
+    marked = any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in rest)
+    def given(option: str) -> bool:
+        return any(a == option or a.startswith(f"{option}=") for a in rest)
+
+    return [*([] if marked else ["-m", "chaos"]), *(named or [str(suites)]), *rest,
+            *([] if given("--alluredir") else ["--alluredir", "reports/allure-results"]),
+            # test ids (and Allure's history) as `test_raylet_kill.py::...` wherever the venv lives
+            *([] if given("--rootdir") else [f"--rootdir={suites}"]),
+            *(["--chaos-profile", profile] if profile else []),
+            # pytest keeps its cache in the rootdir, which for the installed suites is inside the venv
+            "-o", f"cache_dir={cwd / '.pytest_cache'}"]
+
+
+def _run(args, extra: list[str]) -> int:
+    """pytest in this process's place (its signals and exit code are the command's)."""
+    argv = [sys.executable, "-m", "pytest", *pytest_args(extra, args.profile, suites_dir(), Path.cwd())]
+    print(f"ray-chaos run: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, argv)
+
+
+def _add_run_and_report(sub) -> None:
+    from chaos import allure_site
+
+    r = sub.add_parser("run", help="run the standard chaos suites (pytest -m chaos on the installed suites)",
+                       description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    r.add_argument("--profile", default=None, help="profile of the cluster under test (default: an embedded cluster)")
+    rep = sub.add_parser("report", help="generate the Allure HTML report (with history) from reports/allure-results",
+                         description=allure_site.DESCRIPTION)
+    allure_site.add_arguments(rep)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ray-chaos", description="Chaos testing for Ray Train on real Ray clusters.")
+    p.add_argument("--version", action="version", version=f"ray-chaos {chaos.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("report", help="generate the Allure HTML report (with history) from reports/allure-results",
-                       add_help=False)
-    r.add_argument("rest", nargs=argparse.REMAINDER)
+    _add_run_and_report(sub)
     l = sub.add_parser("ledger", help="list faults that were injected and not reverted")
     l.add_argument("--path", default="reports/ledger.jsonl")
     l.add_argument("--all", action="store_true", help="every entry, reverted ones too")
@@ -128,19 +198,21 @@ def main(argv=None) -> int:
     j.add_argument("--reps", type=_positive(int), default=400, help="simulated jobs per point (default 400)")
     j.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
     j.add_argument("--plot", metavar="PATH", help="also draw ETTR against checkpoint interval to PATH (PNG)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if args.cmd == "run":
+        return _run(args, extra)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd in ("project", "sweep"):
-        from chaos.errors import ChaosError
-
         try:
             return (_project if args.cmd == "project" else _sweep)(args)
         except ChaosError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     if args.cmd == "report":
-        from chaos.allure_site import main as report_main
+        from chaos.allure_site import report
 
-        return report_main(args.rest)
+        return report(args)
     return _ledger(args)
 
 

@@ -1,7 +1,7 @@
 """CUDA faults inside a training rank, through the LD_PRELOAD shim.
 
 CPU path (any machine): the reference workload's step goes through the CUDA driver API
-the way libcudart does, against the stub driver from fixtures/; the shim fails or hangs
+the way libcudart does, against the stub driver (chaos/shim/cuda_stub); the shim fails or hangs
 the call in rank 1 only.  GPU path: see test_cuda_gpu.py (marker ``gpu``).
 """
 

@@ -52,11 +52,11 @@ def foreign(request, tmp_path_factory, chaos_clusters):
     """The stand-in with 3 workers (the stub CUDA driver as the nodes' own) and no shared
     filesystem, and its profile; the session's other clusters closed first (two cores run one
     cluster at a time)."""
-    from chaos.embedded.foreign import ForeignCluster, ForeignConfig
+    from chaos.embedded.foreign import START_SCRIPT, ForeignCluster, ForeignConfig
     from chaos.embedded.testhost import testhosts_supported
     from chaos.profile import dump_profile
     from chaos.pytest_plugin import live_reporter
-    from fixtures.cuda_stub import build_stub
+    from chaos.shim.cuda_stub import build_stub
 
     if request.config.getoption("chaos_profile"):
         pytest.skip("the foreign-cluster stand-in is a cluster of its own on this machine; with --chaos-profile "
@@ -64,6 +64,8 @@ def foreign(request, tmp_path_factory, chaos_clusters):
     supported, why = testhosts_supported()
     if not supported:
         pytest.skip(f"the foreign-cluster stand-in's machines are test hosts, which are not possible here: {why}")
+    if not START_SCRIPT.is_file():
+        pytest.skip(f"the foreign-cluster stand-in tests the harness itself and needs its repository ({START_SCRIPT})")
     chaos_clusters.close()
     base = tmp_path_factory.mktemp("foreign")
     say = live_reporter(request.config).say

@@ -19,12 +19,11 @@ from chaos.triggers import AfterCheckpoint
 
 pytestmark = pytest.mark.chaos
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "examples" / "workloads"
 RESUMED = re.compile(r"attempt 1 resumed at step (\d+), right after the latest checkpoint \(step (\d+)\) on every rank")
 
 
 @pytest.fixture
-def script(chaos):
+def script(chaos, example_workloads):
     """A spec for ``examples/workloads/<file>`` under a Train run name of its own; the
     workers' local scratch (the Trainer's output_dir, Lightning's per-rank checkpoint dirs,
     named after the run) is removed afterwards."""
@@ -34,7 +33,7 @@ def script(chaos):
         name = f"{Path(file).stem}-{uuid.uuid4().hex[:6]}"
         names.append(name)
         command = f"python {file} --storage {shlex.quote(chaos.env.backend.storage_path)} --name {name}"
-        return user_spec(command, name, working_dir=str(SCRIPTS))
+        return user_spec(command, name, working_dir=str(example_workloads))
 
     yield spec
     for name in names:

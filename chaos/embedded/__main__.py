@@ -518,7 +518,7 @@ def main(argv=None) -> int:
             s.add_argument("--recovery-delay", type=float, default=None, help="plain cluster only (default 2.0)")
             s.add_argument("--profile-out", default=None, help="write a profile describing this cluster")
             s.add_argument("--cuda-driver-dir", default=None,
-                           help="a directory with libcuda.so.1 (e.g. fixtures/cuda_stub's) first on every node's "
+                           help="a directory with libcuda.so.1 (e.g. chaos/shim/cuda_stub's) first on every node's "
                                 "library path, as a GPU node has its driver: CUDA faults through the profile")
             s.add_argument("--hosts", choices=["auto", "plain", "namespaces"], default=None,
                            help="plain cluster only: workers as loopback processes or as test hosts (namespaces, "

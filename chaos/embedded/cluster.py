@@ -107,7 +107,7 @@ class EmbeddedConfig:
     head_host: str = "local"
     #: a directory holding libcuda.so.1, first on every node's LD_LIBRARY_PATH, as a GPU node
     #: has its driver there: a stand-in for a profile's cluster, whose sessions bring no driver
-    #: (the stub of fixtures/cuda_stub on a machine without a GPU).
+    #: (the stub of chaos/shim/cuda_stub on a machine without a GPU).
     cuda_driver_dir: Path | None = None
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ It reaches the driver the way libcudart does -- dlopen("libcuda.so.1"), a few sy
 dlsym, the rest via cuGetProcAddress_v2 -- so the fault shim sees the same hook paths as
 in a real job, and it fails the way PyTorch does: a RuntimeError reading
 "CUDA error: <cudaGetErrorString text>" with an `.error_code`.  It works against the
-stub driver (fixtures/cuda_stub) and against a real one (it loads a tiny PTX kernel).
+stub driver (chaos/shim/cuda_stub) and against a real one (it loads a tiny PTX kernel).
 """
 
 from __future__ import annotations

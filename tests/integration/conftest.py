@@ -25,7 +25,7 @@ def _standin_cluster(tmp_path_factory):
                                     cwd=ROOT, capture_output=True, text=True, timeout=300)
     # its nodes get the stub CUDA driver on their library path, as a GPU node has its driver:
     # the CUDA sessions through the profile bring none (suites/conftest.py's cuda_driver_dir)
-    from fixtures.cuda_stub import build_stub
+    from chaos.shim.cuda_stub import build_stub
 
     up = run("up", "--profile-out", str(profile), "--cuda-driver-dir", str(build_stub(d / "cuda-stub")))
     assert up.returncode == 0, up.stdout + up.stderr

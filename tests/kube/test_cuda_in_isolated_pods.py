@@ -79,7 +79,7 @@ def rank_source() -> str:
 @pytest.fixture(scope="module")
 def node_host(tmp_path_factory):
     """One isolated test host, booted with no workload (the kubelet's containers enter it)."""
-    from fixtures.cuda_stub import build_stub
+    from chaos.shim.cuda_stub import build_stub
 
     ok, reason = testhost.testhosts_supported()
     if not ok:

@@ -12,7 +12,7 @@ import pytest
 from chaos.shim.build import ensure_shim
 from chaos.shim.control import read_log
 from chaos.shim.plan import Plan
-from fixtures.cuda_stub import build_stub
+from chaos.shim.cuda_stub import build_stub
 
 from shim_helpers import DEADLINE_S, Interactive, Run, compile_program
 

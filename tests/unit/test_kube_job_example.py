@@ -49,18 +49,25 @@ def test_the_profile_names_the_jobs_namespace_and_cluster_and_the_pod_joins_noth
 def test_the_job_runs_a_suite_that_exists_with_options_the_plugin_has(capsys, monkeypatch):
     container = of_kind("Job")["spec"]["template"]["spec"]["containers"][0]
     [script] = container["args"]
-    pytest_line = re.search(r"^\s*(pytest .*?)$", script.replace("\\\n", " "), re.M).group(1)
-    words = shlex.split(pytest_line)
-    suites = [w for w in words if w.startswith("suites/")]
-    assert suites and all((ROOT / s).is_file() for s in suites), suites
+    run_line = re.search(r"^\s*(ray-chaos run .*?)$", script.replace("\\\n", " "), re.M).group(1)
+    words = shlex.split(run_line)[2:]
+    suites = [w for w in words if w.startswith("test_")]
+    assert suites and all((ROOT / "suites" / s.split("::")[0]).is_file() for s in suites), suites
     monkeypatch.chdir(ROOT)
     assert pytest.main(["--help", "-p", "no:cacheprovider"]) == 0
     known = capsys.readouterr().out
-    assert all(re.search(rf"^\s+{re.escape(w)}\b", known, re.M) for w in words if w.startswith("--")), words
+    options = [w for w in words if w.startswith("--") and w != "--profile"]
+    assert all(re.search(rf"^\s+{re.escape(w)}\b", known, re.M) for w in options), options
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/etc/ray-chaos", "/results"} <= mounts and "--chaos-reports /results" in pytest_line
+    assert {"/etc/ray-chaos", "/results"} <= mounts
+    assert "--chaos-reports /results" in run_line and "--alluredir /results/allure-results" in run_line
+    assert "--profile /etc/ray-chaos/profile.yaml" in run_line
 
 
-def test_the_image_carries_the_ray_that_constraints_pins():
+def test_the_image_installs_the_wheel_on_the_ray_that_constraints_pins():
     pinned = re.search(r"^ray==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
-    assert re.search(rf"^FROM rayproject/ray:{re.escape(pinned)}-py3\d+$", (EXAMPLE / "Dockerfile").read_text(), re.M)
+    dockerfile = (EXAMPLE / "Dockerfile").read_text()
+    assert re.search(rf"^FROM rayproject/ray:{re.escape(pinned)}-py3\d+$", dockerfile, re.M)
+    assert re.search(rf"pip install .*ray_chaos_harness-\*\.whl \"ray\[train,default\]=={re.escape(pinned)}\"",
+                     dockerfile)
+    assert "COPY . " not in dockerfile  # the wheel, not a clone
