@@ -130,14 +130,15 @@ def pytest_args(extra: list[str], profile: str | None, suites: Path, cwd: Path) 
     name in ``cwd`` wins), all suites when none is named, and the defaults the user did not set."""
     def suite(arg: str) -> bool:
         path = arg.split("::", 1)[0]
-        return not arg.startswith("-") and path.endswith(".py") and (suites / path).is_file() and not (cwd / path).exists()
+        return (not arg.startswith("-") and path.endswith(".py") and (suites / path).is_file()
+                and not (cwd / path).exists())
+
+    def given(option: str) -> bool:
+        return any(a == option or a.startswith(f"{option}=") for a in rest)
 
     named = [str(suites / a) for a in extra if suite(a)]
     rest = [a for a in extra if not suite(a)]
     marked = any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in rest)
-    def given(option: str) -> bool:
-        return any(a == option or a.startswith(f"{option}=") for a in rest)
-
     return [*([] if marked else ["-m", "chaos"]), *(named or [str(suites)]), *rest,
             *([] if given("--alluredir") else ["--alluredir", "reports/allure-results"]),
             # test ids (and Allure's history) as `test_raylet_kill.py::...` wherever the venv lives

@@ -3,11 +3,11 @@ tests/wheel/test_wheel.py's, under make chaos)."""
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import setuptools
+import tomllib
 
 import chaos
 from chaos import cli
