@@ -1,5 +1,7 @@
 """The recorder's logic (chaos.train.recording) without Ray: facts in, events out."""
 
+import pytest
+
 from chaos.train.recording import Recording
 
 
@@ -63,3 +65,23 @@ def test_under_relaxed_collectives_a_round_without_the_preempted_rank_is_the_sur
     # is numbered as Ray lists it
     [report] = [e["data"] for e in survivors_round(False, [1]) if e["kind"] == "report"]
     assert report["steps"] == {"0": 7, "1": 7} and "without_ranks" not in report
+
+
+@pytest.mark.parametrize("value, expected", [(7, 7), (7.0, 7), (7.5, 7.5), ("7", None), (True, None),
+                                             (float("nan"), None)])
+def test_step_values_ints_whole_floats_and_scalars(value, expected):
+    import numpy as np
+
+    from chaos.train.recording import as_number
+
+    assert as_number(value) == expected
+    assert as_number(np.int64(7)) == 7 and isinstance(as_number(np.int64(7)), int)
+    assert as_number(np.float32(3.0)) == 3
+
+
+def test_auto_step_metric_names():
+    from chaos.train.recording import AUTO_STEP_METRICS, step_metric_names
+
+    assert step_metric_names("auto") == AUTO_STEP_METRICS
+    assert step_metric_names("global_step, step") == ("global_step", "step")
+    assert step_metric_names("it,auto")[0] == "it"

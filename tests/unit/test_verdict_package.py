@@ -9,13 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from chaos import allure_site
+from chaos.errors import VerificationError
 from chaos.timeline import Event
 from chaos.verdicts import CHECKERS, Baseline, Diagnosis, Expect, Kind, ReportCategory, Status, Verdict, check, judge
 from chaos.verdicts import events
 from chaos.verdicts.compose import safely
 from chaos.verdicts.diagnosis import report_phrases
 from chaos.verdicts.tolerance import close, same_state, same_step, step_key
-from timelines import Script
+from timelines import Script, good_run
 
 
 def test_statuses_merge_to_the_one_that_tells_most():
@@ -132,3 +133,23 @@ def test_the_payloads_the_verdicts_read_are_typed_and_a_wrong_one_fails_loudly()
         events.report(Event(1.0, "recorder", "attempt_started", {"attempt": 0}))
     assert isinstance(events.payload(Event(1.0, "recorder", "failure_decision", {"decision": "RETRY"})),
                       events.FailureDecision)
+
+
+EXPECT_ONE = Expect(charged={"worker_group": 1}, slo_detect_s=10, slo_recover_s=60)
+
+
+def test_correct_resume_passes_every_verdict():
+    verdicts = judge(good_run().timeline(), EXPECT_ONE)
+    assert [v.status for v in verdicts] == ["pass"] * 4, [v.line() for v in verdicts]
+    resume = verdicts[0]
+    assert resume.evidence["latest_checkpoint_step"] == 10
+    assert resume.evidence["first_step_of_attempt"] == 11
+    check(verdicts)
+
+
+def test_check_raises_an_assertion_with_every_failed_message():
+    tl = Script(max_failures=0).start_attempt().steps(1, 6).fault().decision("RAISE", limit=0).finish("ERRORED").timeline()
+    with pytest.raises(VerificationError) as err:
+        check(judge(tl, EXPECT_ONE))
+    assert isinstance(err.value, AssertionError)
+    assert str(err.value).startswith("retry budget exhausted: 1 failure charged to max_failures=0")

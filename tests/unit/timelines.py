@@ -216,3 +216,28 @@ class Recorded:
 
     def timeline(self):
         return Timeline([*(Event.from_json(e) for e in self.events), *self.harness])
+
+
+# -- runs the verdict tests share ---------------------------------------------------------
+def good_run():
+    return (Script().start_attempt().steps(1, 12).fault().decision()
+            .start_attempt().steps(11, 20).finish())
+
+
+def train_loss(rank, step):
+    """A deterministic training loss per (rank, step)."""
+    return 10.0 / step + rank
+
+
+def evaluated_or_retrained(before_fault, first_step_after, every_after=5, state_after=train_loss):
+    """Steps 1..``before_fault`` (a checkpoint every 5th), the fault, then an attempt whose
+    first report is step 10 — the checkpoint's own step — with an evaluation's value, and
+    steps ``first_step_after``.. trained with ``state_after``."""
+    s = Script().start_attempt().steps(1, before_fault, state=train_loss).fault().decision().start_attempt()
+    s.report({0: 10, 1: 10}, states={0: 99.0, 1: 99.0})
+    return s.steps(first_step_after, 20, every=every_after, state=state_after).finish().timeline()
+
+
+def loss(r, s):
+    """A loss per (rank, step)."""
+    return 1.0 / s + r
