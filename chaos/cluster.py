@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import http.client
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Callable
@@ -198,6 +199,29 @@ class ClusterView:
             except (OSError, http.client.HTTPException) as e:
                 raise ClusterError(f"reading {filename} on node {node_id[:8]} from {self.dashboard_url} broke: {e}") \
                     from e
+
+    def unreachable(self, timeout: float = 5.0) -> str | None:
+        """Why the dashboard does not answer within ``timeout`` s (None: it answers): one look,
+        for a way out that must not wait on a cluster that is gone (``chaos.cleanup``)."""
+        from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+        url = f"{self.dashboard_url.rstrip('/')}/api/version"
+        seen: list[str | None] = []
+
+        def look() -> None:
+            try:
+                request = urllib.request.Request(url, headers=get_auth_headers_if_auth_enabled({}))
+                with urllib.request.urlopen(request, timeout=timeout):
+                    seen.append(None)
+            except urllib.error.HTTPError:  # it answered, if not as hoped: it is there
+                seen.append(None)
+            except Exception as e:  # noqa: BLE001 - OSError, HTTPError, ValueError...: no answer
+                seen.append(f"{url} did not answer: {e}")
+
+        looker = threading.Thread(target=look, name="dashboard-look", daemon=True)
+        looker.start()
+        looker.join(timeout + 1.0)  # a name lookup is not bound by urlopen's timeout
+        return seen[0] if seen else f"{url} did not answer within {timeout:g} s"
 
     def alive_workers(self) -> list[Node]:
         return [n for n in self.nodes() if n.alive and not n.is_head]

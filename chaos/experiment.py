@@ -22,8 +22,9 @@ from typing import Callable
 
 import psutil
 
-from chaos import plot, summary
+from chaos import cleanup, plot, summary
 from chaos.backends.base import Backend
+from chaos.cleanup import Cleanup
 from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ChaosError, InjectionError, WaitTimeout
 from chaos.faults.base import Fault, FaultContext, Injection
@@ -78,6 +79,11 @@ def node_clock_offset(env: "Environment", node_id: str) -> tuple[float, float]:
     return clock_offset(env.backend.host(node_id).transport)
 
 
+class NotStarted(ChaosError):
+    """A dry run without a profile was asked for the cluster, which it does not start: the
+    plugin skips the test with this message."""
+
+
 @dataclasses.dataclass
 class Environment:
     """What the pytest plugin hands an experiment: a backend's cluster, the ledger, where things go."""
@@ -86,13 +92,17 @@ class Environment:
     ledger: Ledger
     out_dir: Path
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
-    dry_run: bool = False
+    dry_run: bool = False  # plans are printed from read-only state (chaos.plan); no experiment runs
+    rehearsal: bool = False  # runs go to every trigger, targets are resolved and checked, nothing is injected
     tape: bool = False  # each run's recorder tape into its run directory (chaos.train.tape)
     abort_reason: str | None = None
     _timelines: list = dataclasses.field(default_factory=list)
 
     @property
     def cluster(self) -> ClusterView:
+        if self.backend.cluster is None and self.dry_run:
+            raise NotStarted("this test reads the cluster's nodes itself, and a dry run does not start the embedded "
+                             "cluster (with --chaos-profile, a dry run reads your cluster's)")
         return self.backend.cluster
 
     @property
@@ -132,8 +142,8 @@ class Outcome:
 
 def prepare_faults(env: Environment, faults: list, timeline: Timeline, say: Callable[[str], None]) -> None:
     """Put on the hosts what each fault needs before a run starts (e.g. the CUDA shim), once
-    per fault object (a fault remembers what it put there); a dry run touches no host."""
-    if env.dry_run:
+    per fault object (a fault remembers what it put there); a rehearsal touches no host."""
+    if env.rehearsal:
         return
     ctx = FaultContext(cluster=env.cluster, timeline=timeline, backend=env.backend)
     for _, fault in faults:
@@ -223,7 +233,7 @@ class Experiment:
                            else [self._inject(ctx, fault)])
                     targets.extend(hit)
                     r.parameter(f"target {i}", "; ".join(t.describe() for t in hit))
-                if env.dry_run:
+                if env.rehearsal:
                     continue
                 injs = self._injections[-len(hit):]
                 with r.step(f"fault {i}: detect (wait for {'; '.join(inj.fault.detection(inj.target) for inj in injs)})"):
@@ -239,7 +249,7 @@ class Experiment:
                 with r.step(f"fault {i}: recover (next attempt reports, or the budget runs out)"):
                     self._recover()
                 self._revert_all(ctx)
-            if env.dry_run:  # every target is resolved and printed; nothing to finish or verify
+            if env.rehearsal:  # every target is resolved and printed; nothing to finish or verify
                 return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
                                self._injections)
             watch.waiting_for = "the run to end"
@@ -270,10 +280,9 @@ class Experiment:
         finally:
             self.timeline.guard = None
             env.backend.head_away.clear()
-            # Each cleanup step on its own: one failing must neither skip the others nor hide
-            # the exception that brought us here.
-            self._cleanup("revert faults", lambda: self._revert_all(ctx, final=True))
-            self._cleanup("stop the run", lambda: run.stop(wait=not interrupted))
+            way_out = self._way_out(interrupted)
+            way_out.step("revert faults", lambda: self._revert_all(ctx, final=True))
+            way_out.step("stop the run", lambda: run.stop(wait=not interrupted), needs_cluster=True)
             if stopped:
                 self._collect_storage()
                 with r.step("verify: verdicts from what the run did before it stopped"):
@@ -283,14 +292,15 @@ class Experiment:
                         verdicts.append(finding)
                     for v in verdicts:
                         r.say(v.line())
-            self._cleanup("stop the node watcher", env.cluster.stop_watching)
+            way_out.step("stop the node watcher", env.cluster.stop_watching)
             joined.put(None)
-            preparer.join(timeout=150)  # a delivery under way ends within deliver_shim's own timeouts
+            # a delivery under way ends within deliver_shim's own timeouts
+            preparer.join(timeout=way_out.remaining(150.0))
             env._timelines.remove(self.timeline)
-            heal_verdict = self._heal(run, wait=not interrupted)
+            heal_verdict = self._heal(run, way_out, wait=not interrupted)
             verdicts.append(heal_verdict)
             r.say(heal_verdict.line())
-            self._attach(run, nodes_before, verdicts)
+            self._attach(run, nodes_before, verdicts, way_out)
             self.finished = not stopped
             self._write_judging()
         return Outcome(self.slug, self.timeline, verdicts, targets, run, self.judging.unverifiable,
@@ -324,7 +334,7 @@ class Experiment:
         before it (``Fault.prepare_node``), one node after another until None; a failure is
         said and left to the arming, which checks what it needs."""
         while (node := joined.get()) is not None:
-            if self.env.dry_run:
+            if self.env.rehearsal:
                 continue
             for _, fault in self.faults:
                 for member in getattr(fault, "members", [fault]):
@@ -343,7 +353,7 @@ class Experiment:
         """What the run's environment gets from the harness: each fault's settings, the
         preemption watcher off where nothing can drain a node, the tape's path."""
         env: dict[str, str] = {}
-        for _, fault in self.faults:
+        for _, fault in [] if self.env.rehearsal else self.faults:  # a rehearsal arms nothing in the run
             env.update(fault.run_env())
         drains = any(m.budget_class == "preemption" for _, f in self.faults for m in getattr(f, "members", [f]))
         if not drains and not self.env.backend.external_drains:
@@ -357,23 +367,26 @@ class Experiment:
     # -- phases ------------------------------------------------------------------
     def _inject(self, ctx: FaultContext, fault: Fault) -> Target:
         """Resolve, check (the backend's safety rules, fail closed), record, inject; the
-        Injection is kept in ``_injections`` (dry run: nothing is recorded or injected)."""
+        Injection is kept in ``_injections`` (rehearsal: nothing is recorded or injected)."""
         backend = self.env.backend
         target = fault.resolve(ctx)
         try:
             backend.check_target(target)
         except ChaosError as e:
-            if self.env.dry_run:
-                self.reporter.say(f"DRY RUN: {fault.describe()} into {target.describe()} would be REFUSED: {e}")
+            if self.env.rehearsal:
+                self.reporter.say(f"REHEARSAL: {fault.describe()} into {target.describe()} would be REFUSED: {e}")
                 return target
             raise
-        inj = Injection(fault, target, backend.host(target.node_id))
-        if self.env.dry_run:
-            self.reporter.say(f"DRY RUN: would inject {fault.describe()} into {target.describe()}; "
-                              f"revert: {fault.revert_plan(inj)}")
+        if self.env.rehearsal:
+            self.reporter.say(f"REHEARSAL: would inject {fault.describe()} into {target.describe()}")
             return target
+        inj = Injection(fault, target, backend.host(target.node_id))
         inj.slot = backend.live_faults.acquire(fault.describe())
-        entry = self._record(inj)
+        try:
+            entry = self._record(inj)
+        except BaseException:  # not recorded (e.g. on the cluster): not injected, its slot is free again
+            backend.live_faults.release(inj.slot)
+            raise
         try:
             details = self._issue(ctx, inj)
         except BaseException as e:
@@ -400,12 +413,12 @@ class Experiment:
                 backend.check_target(t)
             except ChaosError as e:
                 refused.append((t, e))
-        if self.env.dry_run:
+        if self.env.rehearsal:
             why = {t: e for t, e in refused}
             for m, t in zip(group.members, targets):
-                r.say(f"DRY RUN: {m.describe()} into {t.describe()} would be REFUSED: {why[t]}" if t in why else
-                      f"DRY RUN: would inject {m.describe()} into {t.describe()} (at once with the other "
-                      f"{len(targets) - 1}); revert: {m.revert_plan(Injection(m, t, backend.host(t.node_id)))}")
+                r.say(f"REHEARSAL: {m.describe()} into {t.describe()} would be REFUSED: {why[t]}" if t in why else
+                      f"REHEARSAL: would inject {m.describe()} into {t.describe()} (at once with the other "
+                      f"{len(targets) - 1})")
             return targets
         if refused:
             raise InjectionError(f"correlated {group.kind}: nothing injected, {len(refused)} of {len(targets)} "
@@ -421,8 +434,13 @@ class Experiment:
                     backend.live_faults.release(inj.slot)
             raise InjectionError(f"correlated {group.kind}: nothing injected: {e}") from e
         group_id = uuid.uuid4().hex[:8]
-        for inj in injs:
-            self._group_of[self._record(inj, group=group_id)] = group_id
+        for i, inj in enumerate(injs):
+            try:
+                self._group_of[self._record(inj, group=group_id)] = group_id
+            except BaseException:  # nothing injected; those recorded are reverted (and freed) on the way out
+                for unrecorded in injs[i:]:
+                    backend.live_faults.release(unrecorded.slot)
+                raise
         results = fan_out(injs, lambda inj: self._issue(ctx, inj), group.start_timeout_s)
         for res in results:
             inj = res.inj
@@ -574,24 +592,34 @@ class Experiment:
         if added:
             self.reporter.say(f"storage: {added} S3 requests of the run, as the fault proxy saw them")
 
-    def _cleanup(self, what: str, step) -> None:
-        try:
-            step()
-        except Exception as e:
-            log.error("cleanup step %r failed: %s", what, e)
-            self.reporter.say(f"cleanup: could not {what}: {e}")
+    def _way_out(self, interrupted: bool) -> Cleanup:
+        """The cleanup's steps: under one deadline when the session was interrupted (whoever
+        stopped it wants it gone); those that need the cluster skipped when one look finds
+        it unreachable — unless a head fault of this test may still be bringing it back
+        (then the heal wait is what tells)."""
+        way_out = Cleanup(self.reporter.say, cleanup.BOUND_S if interrupted else None)
+        if interrupted or not any(inj.fault.loses_the_head for inj in self._injections):
+            way_out.probe(self.env.cluster)
+        return way_out
 
-    def _heal(self, run: Run, wait: bool = True) -> Verdict:
+    def _heal(self, run: Run, way_out: Cleanup, wait: bool = True) -> Verdict:
         """Whether the session leaves the cluster as it found it.  Interrupted (``wait``
         False), one look instead of waiting: whoever stopped the session wants it gone — a
         cluster that vanished under it kept it waiting minutes — and the reverts, which must
-        not be skipped, have run by now."""
-        try:
-            if wait:
-                self.env.backend.wait_healed(self.env.timeouts.heal_s)
-            nodes_ok, nodes_detail = self.env.backend.healthy_workers()
-        except Exception as e:
-            nodes_ok, nodes_detail = False, str(e)
+        not be skipped, have run by now.  A cluster that does not answer is not healed."""
+        def nodes() -> tuple[bool, str]:
+            try:
+                if wait:
+                    self.env.backend.wait_healed(self.env.timeouts.heal_s)
+                return self.env.backend.healthy_workers()
+            except Exception as e:
+                return False, str(e)
+
+        if way_out.unreachable:
+            nodes_ok, nodes_detail = False, f"the cluster is unreachable: {way_out.unreachable}"
+        else:
+            nodes_ok, nodes_detail = way_out.step("look at the cluster's nodes", nodes, needs_cluster=True,
+                                                  default=(False, "no answer before the cleanup's deadline"))
         if not wait and not nodes_ok:
             nodes_detail += " (one look: the session was interrupted)"
         try:
@@ -600,7 +628,11 @@ class Experiment:
                      if e["id"] in mine and (e.get("revert") or {}).get("action", "none") != "none"]
         except Exception as e:
             armed = [{"fault": "ledger unreadable", "id": str(e)}]
-        res_ok, res_detail = self._resources_free(run, wait)
+        res_ok, res_detail = way_out.step(
+            "look at what the job still holds", lambda: self._resources_free(run, wait), needs_cluster=True,
+            default=(False, "could not tell what the job still holds: " + (
+                f"the cluster is unreachable: {way_out.unreachable}" if way_out.unreachable
+                else "no answer before the cleanup's deadline")))
         return healed(nodes_ok, nodes_detail, armed, res_ok, res_detail)
 
     def _resources_free(self, run: Run, wait: bool = True) -> tuple[bool, str]:
@@ -632,7 +664,7 @@ class Experiment:
             return False, f"leaked resources: {e}"
 
     # -- artefacts ---------------------------------------------------------------
-    def _attach(self, run: Run, nodes_before: list[dict], verdicts: list[Verdict]) -> None:
+    def _attach(self, run: Run, nodes_before: list[dict], verdicts: list[Verdict], way_out: Cleanup) -> None:
         r = self.reporter
         try:
             self.timeline.dump(self.dir / "timeline.json")
@@ -640,7 +672,8 @@ class Experiment:
             r.attach_json("ledger", self.env.ledger.lines())
             r.attach_text("failure-policy lines", "\n".join(run.failure_policy_lines()) or "(no failure decision)")
             r.attach_json("nodes before", nodes_before)
-            r.attach_json("nodes after", self.env.cluster.table())
+            after = way_out.step("read the node table for the report", self.env.cluster.table, needs_cluster=True)
+            r.attach_json("nodes after", after if after is not None else "unread: see the cleanup lines")
             for i, sub in enumerate(run.submissions):
                 r.attach_file("job log" + (f" (resubmission {i})" if i else ""), sub.log_path)
             r.attach_json("verdicts", [v.to_json() for v in verdicts])

@@ -113,7 +113,12 @@ def pytest_addoption(parser):
     g.addoption("--chaos-profile", default=None, metavar="YAML",
                 help="run against the cluster this profile describes instead of the embedded cluster")
     g.addoption("--chaos-dry-run", action="store_true",
-                help="resolve and print every target and action, inject nothing")
+                help="print each test's plan (faults, how each target will be chosen, which nodes the safety rules "
+                     "allow now, triggers, expected charges, SLOs) from read-only state, and skip it: no job is "
+                     "submitted, no lock taken, no ledger entry written, no host touched")
+    g.addoption("--chaos-rehearsal", action="store_true",
+                help="run each test's job up to every trigger and resolve and check each target there, injecting "
+                     "nothing: a job runs on the cluster, so the session takes the cluster's lock like any run")
     g.addoption("--chaos-tape", action="store_true",
                 help="tape every fact the recorder takes from Ray Train into the run's directory "
                      "(<reports>/runs/<test>/tape.jsonl, written by the Train controller on the head node) "
@@ -158,6 +163,9 @@ def pytest_configure(config):
         if secret:
             raise pytest.UsageError(f"--chaos-workload contains {secret}: the command is written into reports; "
                                     "pass secrets through the environment of your script's own config instead")
+    if config.getoption("chaos_dry_run") and config.getoption("chaos_rehearsal"):
+        raise pytest.UsageError("--chaos-dry-run and --chaos-rehearsal exclude each other: a dry run submits nothing, "
+                                "a rehearsal runs the job up to every trigger")
     _check_campaign_options(config)
     workdir = config.getoption("chaos_workload_dir")
     if workdir is not None and not Path(workdir).is_dir():
@@ -344,12 +352,19 @@ class Clusters:
         config = self.request.config
         out = Path(config.getoption("chaos_reports")).resolve()
         reporter = live_reporter(config)
+        dry = config.getoption("chaos_dry_run")
         if kind == "profile":
             profile = config.stash[_PROFILE]
             reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
-                         + (" (DRY RUN: nothing will be injected)" if config.getoption("chaos_dry_run") else ""))
+                         + (" (DRY RUN: read-only, nothing submitted)" if dry else
+                            " (REHEARSAL: runs go to every trigger, nothing is injected)"
+                            if config.getoption("chaos_rehearsal") else ""))
             with _session(config, backends.for_profile(profile), out, reporter) as env:
                 yield env
+        elif dry and kind != "embedded":
+            pytest.skip(f"dry run: {'Kubernetes' if kind == 'kubernetes' else 'head-fault'} suites run on a cluster "
+                        "the harness starts for them, which a dry run does not start (with --chaos-profile, your own "
+                        "cluster's plan is read from it)")
         elif kind == "kubernetes":
             with _embedded_kubernetes(config, out, reporter) as backend, \
                     _session(config, backend, out, reporter) as env:
@@ -397,8 +412,8 @@ def _embedded_backend(config, out: Path, reporter: Reporter, gcs_ft: bool | None
         where += ("; the head on a test host of its own" if cfg.head_host == "testhost" else
                   "; the head a local process tree (a head reboot SIGKILLs it)")
         where += f"; GCS fault tolerance {'on (external Redis)' if gcs_ft else 'off'}, for head faults"
-    reporter.say(f"starting the embedded cluster: 1 head + {cfg.workers} workers, {where}; "
-                 f"node recovery {'automatic' if cfg.node_recovery else 'off'}")
+    reporter.say(f"{'DRY RUN: not starting' if opt('chaos_dry_run') else 'starting'} the embedded cluster: 1 head + "
+                 f"{cfg.workers} workers, {where}; node recovery {'automatic' if cfg.node_recovery else 'off'}")
     return backends.for_profile(None, config=cfg, storage_path=str(out / "storage"), head_faults=head_faults)
 
 
@@ -408,9 +423,11 @@ def _session(config, backend, out: Path, reporter: Reporter) -> Iterator[Environ
     from chaos.ledger import Ledger
 
     env = Environment(backend, Ledger(out / "ledger.jsonl"), out, dry_run=config.getoption("chaos_dry_run"),
-                      tape=config.getoption("chaos_tape"),
+                      rehearsal=config.getoption("chaos_rehearsal"), tape=config.getoption("chaos_tape"),
                       timeouts=Timeouts(finish_s=config.getoption("chaos_finish_timeout")))
-    with backend.session(reporter, lock=not env.dry_run, on_abort=env.abort):
+    # A dry run reads the cluster and touches nothing; a rehearsal runs jobs, so it is locked as any run.
+    opened = backend.observe(reporter) if env.dry_run else backend.session(reporter, on_abort=env.abort)
+    with opened:
         results = config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)
@@ -610,21 +627,24 @@ class Chaos:
         expectation = self._expectation(expect or Expect(), faults, workload)
         reporter = live_reporter(self.request.config)
         judging = Judging(self._opt("chaos_unverifiable"), self._opt("chaos_stall_limit"), self._opt("chaos_crash_loop"))
+        if self.env.dry_run:
+            self._plan(workload, faults, expectation, reporter)
         try:
-            if (expectation.final_state or expectation.baseline) and not self.env.dry_run:  # same cluster, first
+            if (expectation.final_state or expectation.baseline) and not self.env.rehearsal:  # same cluster, first
                 expectation = dataclasses.replace(expectation, reference=self._baseline(workload, faults, reporter,
                                                                                           judging))
             exp = Experiment(self.env, workload, faults, expectation, self.request.node.nodeid, reporter=reporter,
                              judging=judging)
             self.experiments.append(exp)
             outcome = exp.run()
-            if not self.env.dry_run and any(v.diagnosis is Diagnosis.TOO_FEW_REDONE for v in outcome.verdicts):
+            if not self.env.rehearsal and any(v.diagnosis is Diagnosis.TOO_FEW_REDONE for v in outcome.verdicts):
                 reference = expectation.reference or self._baseline(workload, faults, reporter, judging)
                 exp.rejudge(dataclasses.replace(expectation, baseline=True, reference=reference))
         except Aborted as e:
             pytest.skip(f"ABORTED (not failed): {e}")
-        if self.env.dry_run:
-            pytest.skip("dry run: targets resolved and printed, nothing injected")
+        if self.env.rehearsal:
+            pytest.skip("rehearsal: the run went to every trigger and each target was resolved and checked; nothing "
+                        "was injected")
         return outcome
 
     def _baseline(self, workload: RunSpec, faults: list, reporter: Reporter, judging: Judging):
@@ -632,6 +652,18 @@ class Chaos:
 
         return baseline_for(self.env, workload, faults, self.request.node.nodeid, reporter, judging,
                             refresh=self._opt("chaos_refresh_baselines"))
+
+    def _plan(self, workload: RunSpec, faults: list, expectation: Expect, reporter: Reporter) -> None:
+        """Print (and attach) the test's plan from read-only state, then skip it (chaos.plan)."""
+        from chaos import plan
+
+        backend = self.env.backend
+        text = plan.lines(self.request.node.nodeid, backend, workload, faults, expectation, plan.Nodes.read(backend),
+                          backend.lock_state(), baseline=expectation.final_state or expectation.baseline)
+        for line in text:
+            reporter.say(line)
+        reporter.attach_text("dry-run plan", "\n".join(text))
+        pytest.skip(f"dry run: plan of {len(faults)} fault(s) printed; nothing submitted, locked, recorded or touched")
 
     @property
     def embedded(self):
@@ -651,6 +683,27 @@ def chaos(chaos_env, request) -> Chaos:
     yield helper
     for exp in helper.experiments:
         request.config.stash[_RECORDS][request.node.nodeid] = exp
+
+
+def _skip_not_started():
+    """A dry run's test (or fixture) that needs the embedded cluster it does not start is
+    skipped, saying why."""
+    from chaos.experiment import NotStarted
+
+    try:
+        return (yield)
+    except NotStarted as e:
+        pytest.skip(f"dry run: {e}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    return (yield from _skip_not_started())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    return (yield from _skip_not_started())
 
 
 @pytest.hookimpl(wrapper=True)

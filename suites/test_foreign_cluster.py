@@ -61,6 +61,8 @@ def foreign(request, tmp_path_factory, chaos_clusters):
     if request.config.getoption("chaos_profile"):
         pytest.skip("the foreign-cluster stand-in is a cluster of its own on this machine; with --chaos-profile "
                     "your own cluster is the foreign one")
+    if request.config.getoption("chaos_dry_run"):
+        pytest.skip("dry run: the foreign-cluster stand-in is a cluster this suite starts, and a dry run starts none")
     supported, why = testhosts_supported()
     if not supported:
         pytest.skip(f"the foreign-cluster stand-in's machines are test hosts, which are not possible here: {why}")

@@ -42,7 +42,7 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 # What a backend may not override: the target check and the session that holds the lock
 # and runs the health guard.
-_SHARED = ("check_target", "session")
+_SHARED = ("check_target", "session", "observe", "lock_state")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +256,7 @@ class Backend(abc.ABC):
     def session(self, reporter: Reporter, lock: bool = True,
                 on_abort: Callable[[str], None] = lambda reason: None) -> Iterator["Backend"]:
         """The cluster for one harness session: opened, locked against other sessions
-        (``lock``: unless a dry run) and watched by the health guard, which calls
+        (``lock``) and watched by the health guard, which calls
         ``on_abort`` when it fires; everything released on the way out."""
         self.reporter = reporter
         if self.profile is not None:
@@ -282,6 +282,32 @@ class Backend(abc.ABC):
             if cluster_lock is not None:
                 cluster_lock.release()
             self._close()
+
+    @contextlib.contextmanager
+    def observe(self, reporter: Reporter) -> Iterator["Backend"]:
+        """The cluster read-only, for a dry run: a profile's Ray reached over its dashboard (its
+        node table, the lock's holder), nothing started, locked, watched or changed; the
+        embedded cluster is not started at all (``cluster`` stays None)."""
+        self.reporter = reporter
+        try:
+            if self.profile is not None:
+                self.profile.ensure_not_protected()
+                self.cluster = profile_view(self.profile, f"profile {self.profile.name!r}")
+                head = next((n for n in self.cluster.nodes() if n.is_head), None)
+                self.head_node_id = head.node_id if head is not None else None
+            yield self
+        finally:
+            self.close_hosts()
+            self._close()
+
+    def lock_state(self) -> str:
+        """Who holds the cluster's lock, read without taking it (a dry run's plan)."""
+        if self.cluster is None:
+            return "none: the embedded cluster is the session's own"
+        try:
+            return ClusterLock(self.cluster.dashboard_url).state()
+        except ClusterError as e:
+            return f"unknown: {e}"
 
     def _guard(self, stop: threading.Event, on_abort: Callable[[str], None]) -> None:
         guard = HealthGuard.from_settings(self.settings, lambda: len(self.cluster.alive_workers()))

@@ -79,6 +79,17 @@ class ClusterLock:
                f"expires {meta.get('expires', '?')}")
         return str(info.status.value), who
 
+    def state(self) -> str:
+        """Read-only: ``free``, or who holds the lock and its job's status."""
+        try:
+            status, who = self.holder()
+        except RuntimeError as e:
+            if "does not exist" in str(e):
+                return "free"
+            raise ClusterError(f"cannot read the cluster's lock at {self.dashboard_url}: {e}") from e
+        return f"held ({status}) by {who}: a session now would be refused" if status not in TERMINAL else \
+            f"ended ({status}), not yet removed: free to take ({who})"
+
     def release(self) -> None:
         """Give the lock back (stop the job and remove it); a failure is logged, not raised:
         the lock then ends at its expiry."""

@@ -149,6 +149,15 @@ class Fault(abc.ABC):
     def describe(self) -> str:
         return self.kind
 
+    def target_rule(self) -> str:
+        """How ``resolve`` will choose the target, in words, for a dry run's plan (which
+        cannot resolve it: placement only exists in a live run)."""
+        rank = getattr(self, "rank", None)
+        if rank is None:
+            return f"chosen by {self.kind} when its trigger fires"
+        return (f"the node hosting rank {rank} in the attempt running when the trigger fires (the recorder's "
+                "placement), if the safety rules allow that node then")
+
 
 def placement_target(ctx: FaultContext, rank: int) -> Target:
     """The node hosting ``rank`` in the latest attempt (safety checks come after, in the

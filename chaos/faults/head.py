@@ -61,6 +61,9 @@ class HeadFault:
     def describe(self) -> str:
         return f"{self.kind}: {self.verb}"
 
+    def target_rule(self) -> str:
+        return "the cluster's live head node when the trigger fires (only if safety.allow_head: true)"
+
     def resolve(self, ctx: FaultContext) -> Target:
         """The live head (a head that came back runs a new Ray node)."""
         head = next((n for n in ctx.cluster.nodes() if n.is_head and n.alive), None)

@@ -21,6 +21,10 @@ class TrainWorkerKill(Fault):
     def describe(self) -> str:
         return f"SIGKILL of the training worker of rank {self.rank}"
 
+    def target_rule(self) -> str:
+        return (f"the training worker process of rank {self.rank} (its PID from the recorder's placement when the "
+                "trigger fires), on its node if the safety rules allow that node then")
+
     def resolve(self, ctx: FaultContext) -> Target:
         target = placement_target(ctx, self.rank)
         if not target.pid:

@@ -1,7 +1,7 @@
 """A cluster described by a profile, as in nightly CI against staging: here the stand-in is
 an embedded cluster started separately (conftest.py's `standin`, shared with the script sessions).
 
-Covers: dry run injects nothing, the cluster lock, protected profiles, a SIGKILLed session
+Covers: a dry run submits, locks and records nothing, the cluster lock, protected profiles, a SIGKILLed session
 cleaned up by `ray-chaos sweep`, SIGTERM reverting on its own, the health guard.  A suite
 green through --chaos-profile, with no secret in what it wrote, is test_user_workloads.py's
 healthy script (every script session runs through the stand-in's profile).
@@ -36,15 +36,35 @@ def _ssh_overrides(profile):
     return [o for o in data["hosts"].get("overrides", []) if o.get("ssh", {}).get("key_file")]
 
 
-def test_dry_run_prints_targets_and_injects_nothing(standin, tmp_path):
+def _jobs(profile):
+    """Every job the stand-in's Jobs API holds: submission id -> status."""
+    from ray.job_submission import JobSubmissionClient
+
+    url = load_yaml(Path(profile).read_text())["ray"]["dashboard_url"]
+    return {j.submission_id: str(j.status.value) for j in JobSubmissionClient(url).list_jobs()}
+
+
+def test_dry_run_prints_the_plan_and_submits_locks_and_records_nothing(standin, tmp_path):
+    """A dry run reads the node table and prints each test's plan; the Jobs API holds exactly
+    the jobs it held before (no run, no lock, no cluster-side ledger entry) and no ledger file
+    is written."""
     _, profile = standin
+    before = _jobs(profile)
     p = subprocess.run(chaos_cmd(profile, tmp_path, "--chaos-dry-run", "-rs",
-                                 "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
+                                 "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity",
+                                 "suites/test_cuda_faults.py::test_ecc_error_in_rank_1_after_checkpoint_2"),
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-4000:]
-    assert "DRY RUN: would inject raylet kill via ShutdownRaylet(graceful=False)" in p.stdout
-    assert "dry run: targets resolved and printed, nothing injected" in p.stdout
-    assert not Ledger(tmp_path / "ledger.jsonl").entries(), "a dry run must not write the ledger"
+    out = p.stdout
+    assert "DRY RUN plan of suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity" in out, out[-4000:]
+    workers = [o["address"] for o in load_yaml(Path(profile).read_text())["safety"]["allowlist"]]
+    assert f"eligible now ({len(workers)}): " in out and all(f"worker node {ip} " in out for ip in workers), out
+    assert "refused now: head node" in out and "is never targeted unless safety.allow_head: true" in out
+    assert "the cluster's lock: free" in out
+    assert out.count("dry run: plan of 1 fault(s) printed; nothing submitted, locked, recorded or touched") == 1
+    assert "SKIPPED [2]" in out, out[-3000:]
+    assert _jobs(profile) == before, "a dry run left jobs in the Jobs API"
+    assert not (tmp_path / "ledger.jsonl").exists(), "a dry run must not write the ledger"
 
 
 def test_protected_profile_is_refused(standin, tmp_path):

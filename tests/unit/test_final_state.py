@@ -272,7 +272,7 @@ def test_the_baseline_run_gets_the_faults_environment_after_what_it_names_is_on_
             raise ChaosError("stopped here: the test only looks at the spec")
 
     monkeypatch.setattr(experiment, "Experiment", Stop)
-    env = types.SimpleNamespace(dry_run=False, out_dir=tmp_path, cluster=None,
+    env = types.SimpleNamespace(rehearsal=False, out_dir=tmp_path, cluster=None,
                                 backend=types.SimpleNamespace(storage_path="/s"))
     said = []
     reporter = Reporter()

@@ -52,8 +52,9 @@ LAYERS: dict[str, int] = {
     "chaos.shim.plan": 1, "chaos.shim.cuda_errors": 1, "chaos.shim.control": 1,
     "chaos.shim.driver_client": 1, "chaos.train.recording": 1,
     # 2 reaching things: transports (local, ssh, k8s exec + API access, Ray gRPC), the Ray
-    #   cluster view, shipping the shim over a transport, the safety rules over profile settings.
-    "chaos.transport": 2, "chaos.cluster": 2, "chaos.shim": 2, "chaos.safety": 2,
+    #   cluster view, shipping the shim over a transport, the safety rules over profile settings,
+    #   a way out's deadline.
+    "chaos.transport": 2, "chaos.cluster": 2, "chaos.shim": 2, "chaos.safety": 2, "chaos.cleanup": 2,
     # 3 the embedded cluster, its test hosts and emulated control planes (run by a backend); object
     #   storage: the S3 server and fault proxy the harness runs, a job's S3 settings, the storage events.
     "chaos.embedded": 3, "chaos.storage": 3,
@@ -62,10 +63,11 @@ LAYERS: dict[str, int] = {
     # 5 faults: target, inject, detect, revert, sweep through backends' hosts and transports.
     "chaos.faults": 5,
     # 6 runs, triggers and what is concluded from them: submission, recorder, verdicts,
-    #   summaries, the ledger (sweeps by fault class), campaigns, head loss, canary, projections.
+    #   summaries, the ledger (sweeps by fault class), campaigns, head loss, canary, projections,
+    #   a dry run's plan.
     "chaos.train": 6, "chaos.triggers": 6, "chaos.attribution": 6, "chaos.verdicts": 6,
     "chaos.summary": 6, "chaos.progress": 6, "chaos.plot": 6, "chaos.ledger": 6,
-    "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6,
+    "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6, "chaos.plan": 6,
     # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin.
     "chaos.experiment": 7, "chaos.baseline": 7, "chaos.allure_site": 7, "chaos.cli": 7,
     "chaos.pytest_plugin": 7,

@@ -28,6 +28,9 @@ class FakeView:
     def stop_watching(self):
         pass
 
+    def unreachable(self, timeout=5.0):
+        return None
+
     def held_by_job(self, job):
         return ["actor TrainController (1 CPU)"]
 
