@@ -10,41 +10,62 @@ from pathlib import Path
 
 import chaos
 from chaos.errors import ChaosError, ClusterError
-from chaos.ledger import Ledger
+from chaos.ledger import CLOSED, Ledger
+
+
+def _cluster(profile):
+    """A profile's cluster-side half of the ledger and its lock (chaos.sweep.Cluster)."""
+    from chaos.backends.jobs_store import ClusterLedger, JobsStore
+    from chaos.backends.lock import ClusterLock
+    from chaos.sweep import Cluster
+
+    store = JobsStore(profile.ray.dashboard_url)
+    return Cluster(ClusterLock(profile.ray.dashboard_url, store=store), ClusterLedger(store))
 
 
 def _ledger(args) -> int:
     ledger = Ledger(Path(args.path))
-    entries = ledger.open_entries() if not args.all else list(ledger.entries().values())
-    for e in entries:
+    local = ledger.entries()
+    entries = {k: e for k, e in local.items() if args.all or e["state"] not in CLOSED}
+    remote: dict = {}
+    if args.profile:
+        from chaos.profile import load_profile
+
+        try:
+            remote = _cluster(load_profile(args.profile)).ledger.entries()
+        except ClusterError as e:
+            print(f"could not read the ledger entries kept on the cluster: {e}", file=sys.stderr)
+            return 1
+        for entry_id, entry in remote.items():  # this runner's file knows better, when it has the entry
+            entries.setdefault(entry_id, {**entry, "where": "cluster"})
+    for e in entries.values():
         print(json.dumps(e, sort_keys=True))
     if not args.all:
-        print(f"{len(entries)} fault(s) not reverted in {args.path}", file=sys.stderr)
+        where = f"{args.path}" + (" and on the cluster" if args.profile else "")
+        print(f"{len(entries)} fault(s) not reverted in {where}", file=sys.stderr)
     return 1 if entries and not args.all else 0
 
 
 def _sweep(args) -> int:
     from chaos import backends
-    from chaos.ledger import sweep
-
     from chaos.profile import load_profile
+    from chaos.sweep import sweep
 
-    # No profile: the embedded backend, whose hosts are this machine.
+    # No profile: the embedded backend, whose hosts are this machine (its lock went with its cluster).
     profile = load_profile(args.profile) if args.profile else None
     backend = backends.for_profile(profile)
     try:
-        left = sweep(Ledger(Path(args.ledger)), backend)
+        done = sweep(backend, Ledger(Path(args.ledger)), _cluster(profile) if profile else None, say=print)
     finally:
         backend.close_hosts()
-    print(f"sweep: {len(left)} fault(s) could not be reverted" if left else "sweep: nothing left armed")
-    if profile is not None:  # an embedded cluster's lock went with the killed session's cluster
-        from chaos.backends.lock import ClusterLock
-
-        try:
-            print(f"sweep: {ClusterLock(profile.ray.dashboard_url).release_if_orphaned()}")
-        except ClusterError as e:
-            print(f"sweep: could not check the cluster's lock: {e}")
-    return 1 if left else 0
+    kept = f", {len(done.kept)} left to a live session" if done.kept else ""
+    if done.left:
+        print(f"sweep: {len(done.left)} fault(s) could not be reverted{kept}")
+    elif done.unchecked:
+        print(f"sweep: could not check: {'; '.join(done.unchecked)}")
+    else:
+        print(f"sweep: nothing left armed ({len(done.reverted)} reverted{kept})")
+    return 0 if done.ok else 1
 
 
 def _positive(kind):
@@ -173,10 +194,15 @@ def main(argv=None) -> int:
     _add_run_and_report(sub)
     l = sub.add_parser("ledger", help="list faults that were injected and not reverted")
     l.add_argument("--path", default="reports/ledger.jsonl")
-    l.add_argument("--all", action="store_true", help="every entry, reverted ones too")
-    w = sub.add_parser("sweep", help="revert whatever a killed session left armed (from the ledger)")
-    w.add_argument("--profile", default=None, help="profile of the cluster (how to reach its hosts)")
-    w.add_argument("--ledger", default="reports/ledger.jsonl")
+    l.add_argument("--profile", default=None, help="also the open entries kept on this profile's cluster")
+    l.add_argument("--all", action="store_true", help="every entry of the file, reverted ones too")
+    w = sub.add_parser("sweep", help="revert what lost sessions left armed and release a lost session's lock",
+                       description="Revert every open fault of a session that is gone (this runner's ledger file "
+                                   "and, with --profile, the entries kept on the cluster), never a live session's, "
+                                   "then release the lock of a holder that is gone. Exits 1 when a fault could not "
+                                   "be reverted or something could not be checked (the cluster unreachable).")
+    w.add_argument("--profile", default=None, help="profile of the cluster (how to reach it and its hosts)")
+    w.add_argument("--ledger", default="reports/ledger.jsonl", help="this runner's ledger file, if it has one")
     j = sub.add_parser("project", help="project ETTR of a large job from a session's measured recovery figures",
                        description="Project the effective training time ratio (productive / wall time) of a large "
                                    "job from summary.json: Young/Daly analytic and Monte-Carlo (docs/projection.md).")
@@ -204,17 +230,15 @@ def main(argv=None) -> int:
         return _run(args, extra)
     if extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.cmd in ("project", "sweep"):
-        try:
-            return (_project if args.cmd == "project" else _sweep)(args)
-        except ChaosError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     if args.cmd == "report":
         from chaos.allure_site import report
 
         return report(args)
-    return _ledger(args)
+    try:
+        return {"project": _project, "sweep": _sweep, "ledger": _ledger}[args.cmd](args)
+    except ChaosError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -426,8 +426,10 @@ def _session(config, backend, out: Path, reporter: Reporter) -> Iterator[Environ
                       rehearsal=config.getoption("chaos_rehearsal"), tape=config.getoption("chaos_tape"),
                       timeouts=Timeouts(finish_s=config.getoption("chaos_finish_timeout")))
     # A dry run reads the cluster and touches nothing; a rehearsal runs jobs, so it is locked as any run.
-    opened = backend.observe(reporter) if env.dry_run else backend.session(reporter, on_abort=env.abort)
+    opened = (backend.observe(reporter) if env.dry_run else
+              backend.session(reporter, on_abort=env.abort, owner=env.ledger.session))
     with opened:
+        env.ledger.cluster = backend.cluster_ledger  # open entries kept on the cluster too (a profile's)
         results = config.getoption("allure_report_dir", None)
         if results:
             Path(results).mkdir(parents=True, exist_ok=True)

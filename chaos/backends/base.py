@@ -16,9 +16,12 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protocol
 
-from chaos.backends.lock import ClusterLock
+from chaos.backends.jobs_store import ClusterLedger, JobsStore
+from chaos.backends.lock import ClusterLock, LockLost
+from chaos.cleanup import Cleanup
 from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ClusterError
 from chaos.profile import SafetySettings
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+#: how long a session's way out (hosts closed, lock released) may take
+LEAVE_S = 10.0
 
 # What a backend may not override: the target check and the session that holds the lock
 # and runs the health guard.
@@ -129,6 +134,8 @@ class Backend(abc.ABC):
         #: set while a fault that takes the head away is armed: the health guard, which counts
         #: nodes in the head's table, holds (the fault's own deadlines bound the wait)
         self.head_away = threading.Event()
+        #: where the session keeps its open ledger entries on the cluster (a profile's, while locked)
+        self.cluster_ledger: ClusterLedger | None = None
         self._hosts: dict[str, Host] = {}
         self._hosts_lock = threading.Lock()
 
@@ -253,17 +260,23 @@ class Backend(abc.ABC):
         self.safety.check_target(info)
 
     @contextlib.contextmanager
-    def session(self, reporter: Reporter, lock: bool = True,
-                on_abort: Callable[[str], None] = lambda reason: None) -> Iterator["Backend"]:
+    def session(self, reporter: Reporter, lock: bool = True, on_abort: Callable[[str], None] = lambda reason: None,
+                owner: str = "") -> Iterator["Backend"]:
         """The cluster for one harness session: opened, locked against other sessions
-        (``lock``) and watched by the health guard, which calls
-        ``on_abort`` when it fires; everything released on the way out."""
+        (``lock``; ``owner``: the session id its ledger entries carry) and watched by the health
+        guard, which calls ``on_abort`` when it fires; everything released on the way out,
+        within bounds when the cluster does not answer.
+
+        On a profile's cluster the lock beats (chaos.backends.lock) and ``cluster_ledger`` keeps
+        the open ledger entries there, so that any runner's sweep can clean up after this one;
+        a session finding another session's open faults there is refused until a sweep."""
         self.reporter = reporter
         if self.profile is not None:
             self.profile.ensure_not_protected()
             for note in self.profile.notes():
                 reporter.say(f"profile note: {note}")
         cluster_lock: ClusterLock | None = None
+        beating: threading.Thread | None = None
         stop = threading.Event()
         try:
             self.cluster = self._open()
@@ -272,16 +285,80 @@ class Backend(abc.ABC):
                 raise ClusterError(f"no head node in the node table at {self.cluster.dashboard_url}")
             self.head_node_id = head.node_id
             if lock:
-                cluster_lock = ClusterLock(self.cluster.dashboard_url)
-                cluster_lock.acquire()
+                cluster_lock = self._lock(owner)
+                beating = self._beat(cluster_lock, stop, on_abort)
             self._guard(stop, on_abort)
             yield self
         finally:
             stop.set()
-            self.close_hosts()
-            if cluster_lock is not None:
-                cluster_lock.release()
-            self._close()
+            self.cluster_ledger = None
+            self._leave(cluster_lock, beating)
+
+    def _lock(self, owner: str) -> ClusterLock:
+        """Take the cluster's lock; on a profile's cluster, then refuse if another session's
+        faults are still open there (the live-fault limit and the ledger hold cluster-wide)."""
+        store = JobsStore(self.cluster.dashboard_url)
+        s = self.settings
+        heartbeat = s.lock_heartbeat_s if self.profile is not None else None  # the embedded cluster ends with us
+        cluster_lock = ClusterLock(self.cluster.dashboard_url, owner=owner, heartbeat_s=heartbeat,
+                                   stale_after_s=s.lock_stale_after_s, store=store)
+        cluster_lock.acquire()
+        if self.profile is None:
+            return cluster_lock
+        try:
+            left = ClusterLedger(store).entries()
+        except BaseException:
+            cluster_lock.release()
+            raise
+        if left:
+            cluster_lock.release()
+            raise ClusterError(f"{len(left)} fault(s) of another session are still open on this cluster: "
+                               + "; ".join(f"{e['fault']} ({e['id']}) on {(e.get('target') or {}).get('node_ip')} "
+                                           f"by session {e.get('session')}" for e in left.values())
+                               + f"; `ray-chaos sweep --profile {self.profile.name}` reverts them")
+        self.cluster_ledger = ClusterLedger(store)
+        return cluster_lock
+
+    def _beat(self, cluster_lock: ClusterLock, stop: threading.Event,
+              on_abort: Callable[[str], None]) -> threading.Thread | None:
+        """The lock's heartbeat, until ``stop``; the session is aborted once the lock is no
+        longer its own, or once its beats have failed long enough for another runner to
+        take it for lost."""
+        if not cluster_lock.heartbeat_s:
+            return None
+        interval, stale_after = cluster_lock.heartbeat_s, cluster_lock.stale_after_s
+
+        def beat():
+            landed = time.monotonic()
+            while not stop.wait(interval):
+                try:
+                    cluster_lock.beat()
+                    landed = time.monotonic()
+                except LockLost as e:
+                    on_abort(f"lock lost: {e}")
+                    return
+                except ClusterError as e:
+                    log.warning("heartbeat on the cluster's lock failed: %s", e)
+                    if time.monotonic() - landed > stale_after - interval:
+                        on_abort(f"no heartbeat reached the cluster for {time.monotonic() - landed:.0f} s: another "
+                                 f"runner's sweep may take this session for lost after {stale_after:g} s ({e})")
+                        return
+
+        beating = threading.Thread(target=beat, name="lock-heartbeat", daemon=True)
+        beating.start()
+        return beating
+
+    def _leave(self, cluster_lock: ClusterLock | None, beating: threading.Thread | None) -> None:
+        """Close the hosts, give the lock back and close the cluster, each bounded: a cluster
+        that does not answer keeps its lock until a sweep sees the heartbeat stopped."""
+        way_out = Cleanup(self.reporter.say, LEAVE_S)
+        way_out.step("close the connections to the hosts", self.close_hosts)
+        if beating is not None:  # a beat under way lands before the release removes the beats
+            way_out.step("let the last heartbeat land", lambda: beating.join(way_out.remaining()))
+        if cluster_lock is not None and cluster_lock.held:
+            way_out.probe(self.cluster)
+            way_out.step("release the cluster's lock", cluster_lock.release, needs_cluster=True)
+        self._close()
 
     @contextlib.contextmanager
     def observe(self, reporter: Reporter) -> Iterator["Backend"]:
@@ -305,7 +382,11 @@ class Backend(abc.ABC):
         if self.cluster is None:
             return "none: the embedded cluster is the session's own"
         try:
-            return ClusterLock(self.cluster.dashboard_url).state()
+            store = JobsStore(self.cluster.dashboard_url)
+            open_ = ClusterLedger(store).entries() if self.profile is not None else {}
+            return ClusterLock(self.cluster.dashboard_url, store=store).state() + (
+                f"; {len(open_)} fault(s) of another session still open on the cluster (a run now would be refused "
+                "until `ray-chaos sweep` reverts them)" if open_ else "")
         except ClusterError as e:
             return f"unknown: {e}"
 

@@ -1,136 +1,236 @@
-"""One harness session per cluster at a time, held through the Jobs API: no Ray driver.
+"""One harness session per cluster at a time, held on the cluster through its Jobs API, with
+a heartbeat, so that a runner that is lost can be told from one that is alive by any other.
 
-The lock is a job with a fixed submission id: the Jobs API refuses a second job with the
-same id, so taking the lock is atomic on any cluster whose dashboard the harness reaches.
-Its entrypoint is ``sleep <ttl>``, so a session that dies without releasing it (SIGKILL, a
-lost CI runner) holds the cluster for at most the ttl; ``ray-chaos sweep`` releases such a
-lock sooner when its holder was a process of the sweeping machine that is gone.  Its
-metadata names the holder and the expiry, and a refusal repeats them.
+The lock is a job with a fixed submission id (``LOCK_ID``): the Jobs API refuses a second
+job with that id, so taking it is atomic on any cluster whose dashboard the harness reaches.
+Its metadata names its owner (the session id its ledger entries carry), the machine and
+process that took it (host, boot id, PID namespace, PID and that process's start time), its
+heartbeat interval and after how long without a beat it counts as stale; its entrypoint is
+``sleep <ttl>``, a last resort for a lock nobody sweeps.
+
+While the session runs it beats: every ``heartbeat_s`` a no-op job
+``ray-chaos-heartbeat-<owner>-<n>`` (the previous one removed), whose submission time is
+the head's clock.  A holder is alive while its lock runs and: on the sweeping machine, its
+process still runs (exact, at once); elsewhere, its latest beat (or the lock itself) is
+younger than ``stale_after_s`` by the head's clock.  ``ray-chaos sweep`` reverts a stale
+holder's open faults and releases its lock (chaos.sweep); a live holder's are never touched.
+Each beat also checks the lock is still this session's: a session whose lock was taken
+(its beats could not land for too long) is told, and stops injecting.
+
+Cost: a beat is one job submission, ~2 CPU s on the head (measured, chaos.backends.jobs_store);
+at the default 60 s that is ~3 % of one head core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
+from pathlib import Path
 
 import psutil
 
+from chaos.backends.jobs_store import JobsStore, Record
 from chaos.errors import ClusterError
-from chaos.waits import poll_until
 
 log = logging.getLogger(__name__)
 
 LOCK_ID = "ray-chaos-lock"  # the lock job's submission id
-DEFAULT_TTL_S = 6 * 3600  # longer than any nightly session: a killed session's lock expires after it
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+BEAT_PREFIX = "ray-chaos-heartbeat-"
+DEFAULT_TTL_S = 6 * 3600  # longer than any nightly session: a lock nobody sweeps ends after it
+DEFAULT_HEARTBEAT_S = 60.0
+DEFAULT_STALE_AFTER_S = 300.0
+
+
+class LockLost(ClusterError):
+    """The cluster's lock is no longer this session's (taken over after its heartbeat could
+    not reach the cluster, or removed by hand)."""
+
+
+def this_runner() -> dict[str, str]:
+    """Who this process is, so that a sweep on this same machine can tell for certain whether
+    it still runs: a PID means nothing in another machine or PID namespace, and may be reused."""
+    me = psutil.Process()
+    return {"host": os.uname().nodename, "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+            "pid_ns": _link("/proc/self/ns/pid"), "pid": str(me.pid), "started": f"{me.create_time():.2f}"}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def runner_alive(runner: dict) -> bool | None:
+    """Whether the process ``runner`` (``this_runner()`` of some session) still runs; None when
+    it ran on another machine or PID namespace, which only its heartbeat can tell."""
+    me = this_runner()
+    if not runner.get("boot_id") or not runner.get("pid_ns") or \
+            (runner.get("boot_id"), runner.get("pid_ns")) != (me["boot_id"], me["pid_ns"]):
+        return None
+    try:
+        started = psutil.Process(int(runner["pid"])).create_time()
+    except (psutil.NoSuchProcess, ValueError, KeyError):
+        return False
+    return abs(started - float(runner.get("started") or 0)) < 1.0
 
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
-class ClusterLock:
-    def __init__(self, dashboard_url: str, ttl_s: int = DEFAULT_TTL_S, client=None):
-        self.dashboard_url, self.ttl_s = dashboard_url, int(ttl_s)
-        self._client = client
-        self.held = False
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """The lock as the cluster holds it, with its latest heartbeat, judged at ``head_now``."""
+
+    record: Record
+    last_beat: float | None  # head clock: the latest heartbeat's submission, else the lock's own
+    head_now: float
 
     @property
-    def client(self):
-        if self._client is None:
-            from ray.job_submission import JobSubmissionClient
+    def meta(self) -> dict:
+        return self.record.metadata
 
-            try:
-                self._client = JobSubmissionClient(self.dashboard_url)
-            except Exception as e:  # noqa: BLE001 - requests' and Ray's own errors alike
-                raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url} for the cluster's lock: "
-                                   f"{e}") from e
-        return self._client
+    @property
+    def owner(self) -> str:
+        return self.meta.get("owner", "?")
+
+    def describe(self) -> str:
+        m = self.meta
+        beat = (f", last heartbeat {self.head_now - self.last_beat:.0f} s ago" if self.last_beat is not None else "")
+        return (f"session {self.owner} (pid {m.get('pid', '?')} on {m.get('host', '?')}) since {m.get('since', '?')}"
+                f"{beat}, expires {m.get('expires', '?')}")
+
+    def alive(self) -> tuple[bool, str]:
+        """(whether the holder still runs, why we think so)."""
+        if self.record.ended:
+            return False, f"its lock job ended ({self.record.status}: expired or stopped)"
+        local = runner_alive(self.meta)
+        if local is not None:
+            return local, ("its process runs on this machine" if local else "it ran on this machine and is gone")
+        stale_after = float(self.meta.get("stale_after_s") or 0)
+        if not stale_after or self.last_beat is None:
+            return True, "it runs elsewhere and has no heartbeat to judge it by: it ends at its expiry"
+        age = self.head_now - self.last_beat
+        if age > stale_after:
+            return False, f"no heartbeat for {age:.0f} s (stale after {stale_after:g} s)"
+        return True, f"its heartbeat is {age:.0f} s old (stale after {stale_after:g} s)"
+
+
+class ClusterLock:
+    """The cluster's lock for session ``owner`` (its ledger's session id).  ``heartbeat_s``
+    None: no heartbeat (a cluster that ends with its session, the embedded one)."""
+
+    def __init__(self, dashboard_url: str, owner: str = "", ttl_s: int = DEFAULT_TTL_S,
+                 heartbeat_s: float | None = DEFAULT_HEARTBEAT_S, stale_after_s: float = DEFAULT_STALE_AFTER_S,
+                 client=None, store: JobsStore | None = None):
+        self.store = store or JobsStore(dashboard_url, client=client)
+        self.dashboard_url = dashboard_url
+        self.owner = owner or f"{os.getpid()}"
+        self.ttl_s, self.heartbeat_s, self.stale_after_s = int(ttl_s), heartbeat_s, stale_after_s
+        self.held = False
+        self._beats = 0
 
     def acquire(self) -> None:
-        """Take the lock, or raise ClusterError naming its holder."""
+        """Take the lock, or raise ClusterError naming its holder (and, for a stale one, how
+        to release it)."""
         since = _now()
-        who = {"holder": "ray-chaos", "pid": str(os.getpid()), "host": os.uname().nodename,
-               "since": since.isoformat(), "expires": (since + datetime.timedelta(seconds=self.ttl_s)).isoformat()}
+        meta = {"holder": "ray-chaos", "owner": self.owner, **this_runner(), "since": since.isoformat(),
+                "expires": (since + datetime.timedelta(seconds=self.ttl_s)).isoformat(),
+                **({"heartbeat_s": f"{self.heartbeat_s:g}", "stale_after_s": f"{self.stale_after_s:g}"}
+                   if self.heartbeat_s else {})}
         for _ in range(3):  # an ended lock job is removed and the submission tried again
-            try:
-                self.client.submit_job(entrypoint=f"sleep {self.ttl_s}", submission_id=LOCK_ID, metadata=who)
+            if self.store.put(LOCK_ID, meta, entrypoint=f"sleep {self.ttl_s}"):
                 self.held = True
                 return
-            except RuntimeError as e:
-                if "already exists" not in str(e):
-                    raise ClusterError(f"cannot take the cluster's lock through the Jobs API at {self.dashboard_url}: "
-                                       f"{e}") from e
-            status, holder = self.holder()
-            if status not in TERMINAL:
-                raise ClusterError(f"another ray-chaos session holds this cluster's lock: {holder}; two sessions "
-                                   "never inject into one cluster at the same time (a lock its session could not "
-                                   f"release ends at its expiry, or `ray-chaos sweep` releases it)")
-            self._delete()  # expired, or released but not removed: free to take
+            holder = self.holder()
+            if holder is None:
+                continue  # released meanwhile
+            alive, why = holder.alive()
+            if not holder.record.ended:
+                stale = "" if alive else (f"; it looks lost ({why}): `ray-chaos sweep --profile <profile>` reverts "
+                                          "its open faults and releases it")
+                raise ClusterError(f"another ray-chaos session holds this cluster's lock: {holder.describe()}; two "
+                                   f"sessions never inject into one cluster at the same time{stale}")
+            self.store.remove(LOCK_ID)  # expired: free to take
         raise ClusterError(f"could not take the cluster's lock at {self.dashboard_url}: another session took and "
                            "released it three times meanwhile")
 
-    def holder(self) -> tuple[str, str]:
-        """(the lock job's status, who holds it), read from the Jobs API."""
-        info = self.client.get_job_info(LOCK_ID)
-        meta = info.metadata or {}
-        who = (f"pid {meta.get('pid', '?')} on {meta.get('host', '?')} since {meta.get('since', '?')}, "
-               f"expires {meta.get('expires', '?')}")
-        return str(info.status.value), who
+    def holder(self) -> Holder | None:
+        """Who holds the lock now, with their latest heartbeat (None: free)."""
+        record = self.store.get(LOCK_ID)
+        if record is None:
+            return None
+        owner = record.metadata.get("owner", "")
+        beats = [b.start_time for b in self.store.list(f"{BEAT_PREFIX}{owner}-") if b.start_time] if owner else []
+        last = max([*beats, record.start_time or 0]) or None
+        return Holder(record, last, self.store.head_now())
 
     def state(self) -> str:
-        """Read-only: ``free``, or who holds the lock and its job's status."""
-        try:
-            status, who = self.holder()
-        except RuntimeError as e:
-            if "does not exist" in str(e):
-                return "free"
-            raise ClusterError(f"cannot read the cluster's lock at {self.dashboard_url}: {e}") from e
-        return f"held ({status}) by {who}: a session now would be refused" if status not in TERMINAL else \
-            f"ended ({status}), not yet removed: free to take ({who})"
+        """Read-only, for a dry run's plan: ``free``, or who holds the lock and whether alive."""
+        holder = self.holder()
+        if holder is None:
+            return "free"
+        alive, why = holder.alive()
+        if holder.record.ended:
+            return f"ended ({holder.record.status}), not yet removed: free to take ({holder.describe()})"
+        return (f"held by {holder.describe()}: " + ("a session now would be refused" if alive else
+                                                  f"looks lost ({why}): `ray-chaos sweep` releases it"))
+
+    def beat(self) -> None:
+        """One heartbeat: check the lock is still this session's, submit the next beat and
+        remove the one before.  Raises LockLost, or ClusterError when the cluster did not
+        answer (the next beat tries again)."""
+        record = self.store.get(LOCK_ID)
+        if record is None or record.ended or record.metadata.get("owner") != self.owner:
+            self.held = False
+            who = "nobody" if record is None else f"session {record.metadata.get('owner', '?')} ({record.status})"
+            raise LockLost(f"the cluster's lock at {self.dashboard_url} is no longer this session's ({self.owner}): "
+                           f"it is held by {who}")
+        self._beats += 1
+        self.store.put(f"{BEAT_PREFIX}{self.owner}-{self._beats}", {"owner": self.owner, "beat": self._beats})
+        if self._beats > 1:
+            previous = self.store.get(f"{BEAT_PREFIX}{self.owner}-{self._beats - 1}")
+            if previous is not None and previous.ended:  # one still running goes at the release
+                self.store.remove(previous.submission_id)
 
     def release(self) -> None:
-        """Give the lock back (stop the job and remove it); a failure is logged, not raised:
-        the lock then ends at its expiry."""
+        """Give the lock back (its job stopped and removed, its heartbeats too); a failure is
+        logged, not raised: the lock then ends when its heartbeat is seen stopped."""
         if not self.held:
             return
         self.held = False
         try:
-            self._stop_and_delete()
-        except Exception as e:  # noqa: BLE001 - the Jobs API raises RuntimeError and requests errors
-            log.warning("could not release the cluster's lock job %s at %s (it ends at its expiry): %s", LOCK_ID,
-                        self.dashboard_url, e)
+            record = self.store.get(LOCK_ID)
+            if record is not None and record.metadata.get("owner") == self.owner:
+                self.store.remove(LOCK_ID)
+            self.remove_beats(self.owner)
+        except ClusterError as e:
+            log.warning("could not release the cluster's lock job %s at %s (a sweep releases it once its heartbeat "
+                        "is seen stopped; it ends at its expiry otherwise): %s", LOCK_ID, self.dashboard_url, e)
 
-    def release_if_orphaned(self) -> str:
-        """For ``ray-chaos sweep``: release a lock whose holder was a process of this machine that
-        is gone; otherwise leave it.  Returns what was found and done."""
-        try:
-            info = self.client.get_job_info(LOCK_ID)
-        except RuntimeError as e:
-            if "does not exist" in str(e):
-                return "no cluster lock held"
-            raise ClusterError(f"cannot read the cluster's lock at {self.dashboard_url}: {e}") from e
-        status, who = self.holder()
-        meta = info.metadata or {}
-        if status in TERMINAL:
-            self._delete()
-            return f"removed an ended cluster lock ({who})"
-        pid = int(meta.get("pid", "0") or 0)
-        if meta.get("host") == os.uname().nodename and pid and not psutil.pid_exists(pid):
-            self._stop_and_delete()
-            return f"released the cluster lock of a session that is gone ({who})"
-        return f"left the cluster lock in place: held by a live session or another machine ({who})"
+    def release_lost(self, holder: Holder) -> str:
+        """For a sweep: release the lock of ``holder``, a session that is gone (``Holder.alive``
+        false), unless someone else took the lock meanwhile.  Returns what was done."""
+        record = self.store.get(LOCK_ID)
+        if record is None or record.metadata.get("owner") != holder.owner:
+            return "the lost session's lock was already gone"
+        self.store.remove(LOCK_ID)
+        self.remove_beats(holder.owner)
+        return f"released the cluster lock of a session that is gone ({holder.describe()}: {holder.alive()[1]})"
 
-    def _stop_and_delete(self) -> None:
-        self.client.stop_job(LOCK_ID)
-        poll_until(lambda: ((s := str(self.client.get_job_status(LOCK_ID).value)) in TERMINAL, f"status {s}"), 30,
-                   f"the lock job {LOCK_ID} to stop", interval=0.2)
-        self._delete()
-
-    def _delete(self) -> None:
-        try:
-            self.client.delete_job(LOCK_ID)
-        except RuntimeError as e:
-            if "does not exist" not in str(e):  # another session removed it first
-                raise
+    def remove_beats(self, owner: str) -> int:
+        """Remove every heartbeat job of session ``owner``; how many there were."""
+        beats = self.store.list(f"{BEAT_PREFIX}{owner}-")
+        for b in beats:
+            self.store.remove(b.submission_id)
+        return len(beats)

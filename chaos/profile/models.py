@@ -779,6 +779,20 @@ class SafetySettings(_Model):
     are alive for longer than `unhealthy_for_s`. Not being able to ask Ray counts as not alive."""
     unhealthy_for_s: float = Field(60.0, ge=0)
     """How long fewer than `min_alive_nodes` workers may be alive before the session aborts."""
+    lock_heartbeat_s: float = Field(60.0, gt=0)
+    """A session on this cluster beats on the cluster's lock this often (one no-op Jobs API job, ~2 CPU s on the
+    head each), so that another runner can tell it is alive."""
+    lock_stale_after_s: float = Field(300.0, gt=0)
+    """A lock whose heartbeat stopped for longer than this (by the head's clock) belongs to a lost runner: `ray-chaos
+    sweep` from any machine reverts its open faults and releases it. At least twice `lock_heartbeat_s`."""
+
+    @model_validator(mode="after")
+    def _stale_after_beats(self) -> "SafetySettings":
+        if self.lock_stale_after_s < 2 * self.lock_heartbeat_s:
+            raise ValueError(f"lock_stale_after_s ({self.lock_stale_after_s:g}) must be at least twice "
+                             f"lock_heartbeat_s ({self.lock_heartbeat_s:g}): one late heartbeat must not make a live "
+                             "session look lost to another runner's sweep")
+        return self
 
 
 # -- the profile ------------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 an embedded cluster started separately (conftest.py's `standin`, shared with the script sessions).
 
 Covers: a dry run submits, locks and records nothing, the cluster lock, protected profiles, a SIGKILLed session
-cleaned up by `ray-chaos sweep`, SIGTERM reverting on its own, the health guard.  A suite
+cleaned up by `ray-chaos sweep` from another runner (and a live one's left alone), SIGTERM reverting on its
+own, the health guard.  A suite
 green through --chaos-profile, with no secret in what it wrote, is test_user_workloads.py's
 healthy script (every script session runs through the stand-in's profile).
 """
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from chaos.backends.lock import LOCK_ID, ClusterLock
 from chaos.ledger import Ledger
 from chaos.profile import dump_profile
 from chaos.waits import poll_until
@@ -81,7 +85,8 @@ def test_protected_profile_is_refused(standin, tmp_path):
 
 def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
     """The lock (a job with a fixed id through the Jobs API) refuses a second session naming its
-    holder; once the holder is killed, ``ray-chaos sweep`` on its machine releases it."""
+    holder; once the holder is killed, ``ray-chaos sweep`` on its machine releases it at once
+    (its process is known gone: no heartbeat to wait out)."""
     _, profile = standin
     holder = subprocess.Popen(
         [sys.executable, "-c", (
@@ -94,14 +99,16 @@ def test_second_session_is_refused_by_the_cluster_lock(standin, tmp_path):
         p = subprocess.run(chaos_cmd(profile, tmp_path, "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"),
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert p.returncode != 0
-        assert f"another ray-chaos session holds this cluster's lock: pid {holder.pid} on " in p.stdout + p.stderr
+        assert f"another ray-chaos session holds this cluster's lock: session {holder.pid} (pid {holder.pid} on " \
+            in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
     finally:
         holder.kill()  # a killed session cannot release its lock
         holder.wait(timeout=30)
     swept = subprocess.run([sys.executable, "-m", "chaos.cli", "sweep", "--profile", str(profile), "--ledger",
                             str(tmp_path / "ledger.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert f"sweep: released the cluster lock of a session that is gone (pid {holder.pid} on " in swept.stdout, \
-        swept.stdout + swept.stderr
+    assert f"sweep: released the cluster lock of a session that is gone (session {holder.pid} (pid {holder.pid} on " \
+        in swept.stdout, swept.stdout + swept.stderr
+    assert swept.returncode == 0 and LOCK_ID not in _jobs(profile)
 
 
 def start_session(profile, reports, test):
@@ -132,27 +139,59 @@ def _control_len(path):
         return int.from_bytes(f.read(16)[12:16], "little")
 
 
-def test_sigkilled_session_is_cleaned_up_by_sweep(standin, tmp_path):
-    _, profile = standin
-    p = start_session(profile, tmp_path, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout")
+def sweep_from_another_runner(profile, runner_dir, timeout=180):
+    """``ray-chaos sweep --profile`` as a CI runner that shares nothing with the session's: its
+    own UTS and PID namespaces (another hostname; the session's PIDs mean nothing there) and a
+    fresh working directory with no reports, hence no ledger file of its own."""
+    runner_dir.mkdir(parents=True, exist_ok=True)
+    sweep = f"{shlex.quote(sys.executable)} -m chaos.cli sweep --profile {shlex.quote(str(profile))}"
+    return subprocess.run(["unshare", "--uts", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c",
+                           f"hostname second-runner && {sweep}"], cwd=runner_dir, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_lost_runners_fault_and_lock_are_swept_from_another_runner(standin, tmp_path):
+    """Cleanup from any runner: while the session lives, another runner's sweep leaves its lock and
+    its armed fault alone and says so; once it is SIGKILLed mid-fault and its reports directory
+    deleted, the other runner's sweep finds the fault on the cluster side, disarms it and — its
+    heartbeat stopped — releases its lock."""
+    _, standin_profile = standin
+    data = load_yaml(standin_profile.read_text())
+    data["safety"].update({"lock_heartbeat_s": 10, "lock_stale_after_s": 30})
+    profile = tmp_path / "profile.yaml"
+    dump_profile(data, profile)
+    reports = tmp_path / "reports"
+    p = start_session(profile, reports, "suites/test_cuda_faults.py::test_hang_is_caught_by_the_collective_timeout")
     try:
-        entry = _wait_injected(tmp_path / "ledger.jsonl", "cuda", p)
+        entry = _wait_injected(reports / "ledger.jsonl", "cuda", p)
+        control = entry["revert"]["control"]
+        alive = sweep_from_another_runner(profile, tmp_path / "runner-2")
+        assert alive.returncode == 0, alive.stdout + alive.stderr
+        assert "sweep: left the cluster lock in place: held by a live session" in alive.stdout, alive.stdout
+        assert f"sweep: left cuda ({entry['id']}) alone: its session {entry['session']} is alive (it holds the " \
+               "cluster's lock with a fresh heartbeat)" in alive.stdout, alive.stdout
+        assert _control_len(control) > 0 and LOCK_ID in _jobs(profile), "a live session's fault and lock were touched"
         os.kill(p.pid, signal.SIGKILL)  # mid-fault: the hang is armed, nobody left to disarm it
         p.wait(timeout=30)
     finally:
         if p.poll() is None:
             p.kill()
-    control = entry["revert"]["control"]
+    shutil.rmtree(reports)  # the lost runner's reports go with it
     assert _control_len(control) > 0, "the fault should still be armed after the SIGKILL"
-    sweep = subprocess.run([sys.executable, "-m", "chaos.cli", "sweep", "--profile", str(profile),
-                            "--ledger", str(tmp_path / "ledger.jsonl")], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)
-    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
-    assert "sweep: nothing left armed" in sweep.stdout
-    assert f"sweep: released the cluster lock of a session that is gone (pid {p.pid} on " in sweep.stdout
+    lock = ClusterLock(data["ray"]["dashboard_url"])
+    poll_until(lambda: (not lock.holder().alive()[0], lock.holder().alive()[1]), 120,
+               "the killed session's heartbeat to go stale")
+    swept = sweep_from_another_runner(profile, tmp_path / "runner-3")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert f"sweep: reverted cuda ({entry['id']}) of session {entry['session']}" in swept.stdout, swept.stdout
+    assert f"sweep: released the cluster lock of a session that is gone (session {entry['session']} (pid {p.pid} " \
+           in swept.stdout, swept.stdout
+    assert "sweep: nothing left armed (1 reverted)" in swept.stdout
     assert _control_len(control) == 0, "sweep did not disarm the CUDA shim"
-    assert Ledger(tmp_path / "ledger.jsonl").entries()[entry["id"]]["state"] == "reverted"
-    assert not Ledger(tmp_path / "ledger.jsonl").open_entries()
+    left = [j for j in _jobs(profile) if j.startswith("ray-chaos-")]
+    assert not left, f"the lost session's records are still on the cluster: {left}"
+    mine = Ledger(tmp_path / "runner-3" / "reports" / "ledger.jsonl").entries()
+    assert mine[entry["id"]]["state"] == "reverted" and mine[entry["id"]]["by"] == "sweep"
 
 
 def test_sigterm_reverts_on_its_way_out(standin, tmp_path):

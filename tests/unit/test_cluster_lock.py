@@ -1,54 +1,28 @@
 """The cluster lock through the Jobs API (chaos.backends.lock) against a fake Jobs API that
-answers as Ray 2.60's does: one job per submission id, errors as the SDK raises them."""
+answers as Ray 2.60's does: one job per submission id, errors as the SDK raises them, job
+submission times on the head's clock.  Whether a holder is alive: at once for a process of
+this machine, by its heartbeat's age on the head's clock for one elsewhere."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import types
 
 import pytest
 
-from chaos.backends.lock import LOCK_ID, ClusterLock
+from chaos.backends.lock import BEAT_PREFIX, LOCK_ID, ClusterLock, LockLost, this_runner
 from chaos.errors import ClusterError
+from fake_jobs import Clock, FakeJobs, FakeStore
 
 
-class FakeJobs:
-    """Ray's JobSubmissionClient as the lock uses it; ``stopped`` ends a job as stop_job would."""
-
-    def __init__(self):
-        self.jobs: dict[str, dict] = {}
-
-    def submit_job(self, entrypoint, submission_id, metadata):
-        if submission_id in self.jobs:
-            raise RuntimeError(f"Request failed with status code 400: Traceback ... ValueError: Job with "
-                               f"submission_id {submission_id} already exists. Please use a different submission_id..")
-        self.jobs[submission_id] = {"status": "RUNNING", "metadata": dict(metadata), "entrypoint": entrypoint}
-
-    def _job(self, job_id):
-        if job_id not in self.jobs:
-            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
-        return self.jobs[job_id]
-
-    def get_job_info(self, job_id):
-        job = self._job(job_id)
-        return types.SimpleNamespace(status=types.SimpleNamespace(value=job["status"]), metadata=job["metadata"])
-
-    def get_job_status(self, job_id):
-        return types.SimpleNamespace(value=self._job(job_id)["status"])
-
-    def stop_job(self, job_id):
-        self._job(job_id)["status"] = "STOPPED"
-
-    def delete_job(self, job_id):
-        if self._job(job_id)["status"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
-            raise RuntimeError(f"Request failed with status code 400: Attempted to delete job {job_id} that is "
-                               "not in a terminal state")
-        del self.jobs[job_id]
+def lock(jobs, owner="s1", ttl_s=3600, heartbeat_s=60.0, stale_after_s=300.0):
+    return ClusterLock("http://10.0.0.1:8265", owner=owner, ttl_s=ttl_s, heartbeat_s=heartbeat_s,
+                       stale_after_s=stale_after_s, store=FakeStore(jobs))
 
 
-def lock(jobs, ttl_s=3600):
-    return ClusterLock("http://127.0.0.1:1", ttl_s=ttl_s, client=jobs)
+def elsewhere(jobs, pid="4242"):
+    """The lock's holder as a process of another machine (another boot, another PID namespace)."""
+    jobs.jobs[LOCK_ID]["metadata"].update(host="ci-runner-7", boot_id="0" * 36, pid_ns="pid:[1]", pid=pid)
 
 
 def test_a_second_session_is_refused_naming_the_holder_and_its_expiry():
@@ -56,9 +30,13 @@ def test_a_second_session_is_refused_naming_the_holder_and_its_expiry():
     first = lock(jobs)
     first.acquire()
     assert jobs.jobs[LOCK_ID]["entrypoint"] == "sleep 3600"
-    with pytest.raises(ClusterError, match=rf"another ray-chaos session holds this cluster's lock: pid {os.getpid()} "
-                                           rf"on {os.uname().nodename} since .*, expires "):
-        lock(jobs).acquire()
+    meta = jobs.jobs[LOCK_ID]["metadata"]
+    assert meta["owner"] == "s1" and meta["heartbeat_s"] == "60" and meta["stale_after_s"] == "300"
+    assert {k: meta[k] for k in ("host", "boot_id", "pid_ns", "pid")} == \
+        {k: this_runner()[k] for k in ("host", "boot_id", "pid_ns", "pid")}
+    with pytest.raises(ClusterError, match=rf"another ray-chaos session holds this cluster's lock: session s1 \(pid "
+                                           rf"{os.getpid()} on {os.uname().nodename}\) since .*, expires "):
+        lock(jobs, owner="s2").acquire()
     first.release()
     assert LOCK_ID not in jobs.jobs
 
@@ -68,37 +46,82 @@ def test_twin_after_the_holder_released_the_next_session_takes_it():
     first = lock(jobs)
     first.acquire()
     first.release()
-    second = lock(jobs)
+    second = lock(jobs, owner="s2")
     second.acquire()
-    assert second.held and jobs.jobs[LOCK_ID]["status"] == "RUNNING"
+    assert second.held and jobs.jobs[LOCK_ID]["metadata"]["owner"] == "s2"
 
 
 def test_an_expired_lock_is_taken_over():
     jobs = FakeJobs()
     lock(jobs).acquire()
     jobs.jobs[LOCK_ID]["status"] = "SUCCEEDED"  # its `sleep <ttl>` ended
-    taker = lock(jobs)
+    taker = lock(jobs, owner="s2")
     taker.acquire()
-    assert taker.held and jobs.jobs[LOCK_ID]["metadata"]["pid"] == str(os.getpid())
+    assert taker.held and jobs.jobs[LOCK_ID]["metadata"]["owner"] == "s2"
 
 
-def test_sweep_releases_the_lock_of_a_session_of_this_machine_that_is_gone_and_leaves_a_live_ones():
+def test_a_holder_of_this_machine_is_alive_while_its_process_runs_and_gone_at_once_after():
     jobs = FakeJobs()
+    lock(jobs).acquire()
+    assert lock(jobs).holder().alive() == (True, "its process runs on this machine")
     gone = subprocess.Popen(["true"])
     gone.wait()
-    lock(jobs).acquire()
     jobs.jobs[LOCK_ID]["metadata"]["pid"] = str(gone.pid)
-    assert lock(jobs).release_if_orphaned().startswith(f"released the cluster lock of a session that is gone "
-                                                       f"(pid {gone.pid} on ")
-    assert LOCK_ID not in jobs.jobs
-    assert lock(jobs).release_if_orphaned() == "no cluster lock held"
+    assert lock(jobs).holder().alive() == (False, "it ran on this machine and is gone")
+    # a PID reused by another process is not the holder: its start time differs
+    jobs.jobs[LOCK_ID]["metadata"].update(pid="1")
+    assert lock(jobs).holder().alive()[0] is False
 
-    lock(jobs).acquire()  # this very process: alive
-    assert lock(jobs).release_if_orphaned().startswith("left the cluster lock in place: held by a live session")
-    jobs.jobs[LOCK_ID]["metadata"]["host"] = "another-runner"
-    jobs.jobs[LOCK_ID]["metadata"]["pid"] = str(gone.pid)
-    assert lock(jobs).release_if_orphaned().startswith("left the cluster lock in place")
-    assert jobs.jobs[LOCK_ID]["status"] == "RUNNING"
+
+def test_a_holder_elsewhere_is_alive_while_its_heartbeat_is_fresh_and_lost_once_it_is_stale():
+    clock = Clock()
+    jobs = FakeJobs(clock)
+    held = lock(jobs)
+    held.acquire()
+    elsewhere(jobs)
+    clock.t += 200
+    assert lock(jobs).holder().alive() == (True, "its heartbeat is 200 s old (stale after 300 s)")
+    held.beat()  # a beat at t+200 makes it young again
+    clock.t += 250
+    assert lock(jobs).holder().alive() == (True, "its heartbeat is 250 s old (stale after 300 s)")
+    clock.t += 51
+    assert lock(jobs).holder().alive() == (False, "no heartbeat for 301 s (stale after 300 s)")
+    with pytest.raises(ClusterError, match=r"it looks lost \(no heartbeat for 301 s .*\): `ray-chaos sweep --profile "
+                                           r"<profile>` reverts its open faults and releases it"):
+        lock(jobs, owner="s2").acquire()
+
+
+def test_a_holder_elsewhere_without_a_heartbeat_is_alive_until_its_expiry():
+    clock = Clock()
+    jobs = FakeJobs(clock)
+    lock(jobs, heartbeat_s=None).acquire()  # the embedded cluster's sessions do not beat
+    elsewhere(jobs)
+    clock.t += 10_000
+    assert lock(jobs).holder().alive() == (True, "it runs elsewhere and has no heartbeat to judge it by: it ends at "
+                                                 "its expiry")
+
+
+def test_beats_replace_each_other_and_a_session_whose_lock_was_taken_is_told():
+    jobs = FakeJobs()
+    held = lock(jobs)
+    held.acquire()
+    held.beat()
+    held.beat()
+    assert [j for j in jobs.jobs if j.startswith(BEAT_PREFIX)] == [f"{BEAT_PREFIX}s1-2"]
+    jobs.jobs[LOCK_ID]["metadata"]["owner"] = "s2"  # swept as lost and taken by another session
+    with pytest.raises(LockLost, match=r"is no longer this session's \(s1\): it is held by session s2 \(RUNNING\)"):
+        held.beat()
+    held.release()  # not ours: left alone
+    assert jobs.jobs[LOCK_ID]["metadata"]["owner"] == "s2"
+
+
+def test_release_removes_the_lock_and_every_heartbeat():
+    jobs = FakeJobs()
+    held = lock(jobs)
+    held.acquire()
+    held.beat()
+    held.release()
+    assert jobs.jobs == {}
 
 
 def test_a_jobs_api_that_refuses_otherwise_is_named():
@@ -106,8 +129,8 @@ def test_a_jobs_api_that_refuses_otherwise_is_named():
         def submit_job(self, **kw):
             raise RuntimeError("Request failed with status code 500: boom")
 
-    with pytest.raises(ClusterError, match=r"cannot take the cluster's lock through the Jobs API at "
-                                           r"http://127.0.0.1:1: Request failed with status code 500: boom"):
+    with pytest.raises(ClusterError, match=r"the Jobs API at http://10.0.0.1:8265 refused job ray-chaos-lock: "
+                                           r"Request failed with status code 500: boom"):
         lock(Broken()).acquire()
 
 
@@ -115,11 +138,23 @@ def test_a_release_that_fails_is_logged_not_raised(caplog):
     jobs = FakeJobs()
     held = lock(jobs)
     held.acquire()
-    del jobs.jobs[LOCK_ID]  # someone removed it by hand
+    jobs.down = True
     held.release()
     assert "could not release the cluster's lock job ray-chaos-lock" in caplog.text
 
 
 def test_an_unreachable_dashboard_is_a_cluster_error_naming_it():
-    with pytest.raises(ClusterError, match=r"cannot reach the Jobs API at http://127.0.0.1:9 for the cluster's lock"):
-        ClusterLock("http://127.0.0.1:9").release_if_orphaned()
+    with pytest.raises(ClusterError, match=r"cannot reach the Jobs API at http://127.0.0.1:9"):
+        ClusterLock("http://127.0.0.1:9").holder()
+
+
+def test_the_state_a_dry_run_prints():
+    clock = Clock()
+    jobs = FakeJobs(clock)
+    assert lock(jobs).state() == "free"
+    lock(jobs).acquire()
+    elsewhere(jobs)
+    assert lock(jobs).state().endswith(": a session now would be refused")
+    clock.t += 400
+    assert "looks lost (no heartbeat for 400 s (stale after 300 s)): `ray-chaos sweep` releases it" in \
+        lock(jobs).state()

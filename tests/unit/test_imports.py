@@ -64,10 +64,10 @@ LAYERS: dict[str, int] = {
     "chaos.faults": 5,
     # 6 runs, triggers and what is concluded from them: submission, recorder, verdicts,
     #   summaries, the ledger (sweeps by fault class), campaigns, head loss, canary, projections,
-    #   a dry run's plan.
+    #   a dry run's plan, the sweep.
     "chaos.train": 6, "chaos.triggers": 6, "chaos.attribution": 6, "chaos.verdicts": 6,
     "chaos.summary": 6, "chaos.progress": 6, "chaos.plot": 6, "chaos.ledger": 6,
-    "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6, "chaos.plan": 6,
+    "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6, "chaos.plan": 6, "chaos.sweep": 6,
     # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin.
     "chaos.experiment": 7, "chaos.baseline": 7, "chaos.allure_site": 7, "chaos.cli": 7,
     "chaos.pytest_plugin": 7,

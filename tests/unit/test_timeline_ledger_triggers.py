@@ -3,14 +3,12 @@
 import threading
 
 import pytest
-
-from chaos.backends.base import Host
-from chaos.errors import Aborted, WaitTimeout
-from chaos.ledger import Ledger, sweep
-from chaos.timeline import Event, Timeline, ettr, first_recovery, recovery_metrics
-from chaos.transport.base import CommandResult
-from chaos.triggers import AfterCheckpoint, AfterPersisted, AtStep
 from timelines import Script
+
+from chaos.errors import Aborted, WaitTimeout
+from chaos.ledger import Ledger
+from chaos.timeline import Event, Timeline, ettr, first_recovery, recovery_metrics
+from chaos.triggers import AfterCheckpoint, AfterPersisted, AtStep
 
 
 def test_wait_for_wakes_on_the_event_not_on_a_timer():
@@ -167,59 +165,6 @@ def test_ledger_is_written_before_and_merged_after(tmp_path):
     ledger.mark(i, "reverted")
     assert ledger.open_entries() == [] and ledger.entries()[i]["state"] == "reverted"
     assert len(ledger.lines()) == 3
-
-
-class FakeTransport:
-    def __init__(self, ok=True):
-        self.ok, self.commands = ok, []
-
-    def run(self, command, timeout=30):
-        self.commands.append(command)
-        return CommandResult("h", command[:20], 0 if self.ok else 1, "", "" if self.ok else "permission denied")
-
-
-class FakeBackend:
-    """What a sweep asks of a backend: a host by the key its ledger entry recorded."""
-
-    python = "python3"
-
-    def __init__(self, transport):
-        self.transport, self.keys = transport, []
-
-    def reach(self, key):
-        self.keys.append(key)
-        return Host(key=key, name=None, transport=self.transport)
-
-
-def test_sweep_reverts_what_a_dead_session_left(tmp_path):
-    ledger = Ledger(tmp_path / "l.jsonl")
-    cuda = ledger.record("cuda", {"node_ip": "10.0.0.2"}, {"action": "disarm-cuda-shim", "host": "10.0.0.2",
-                                                            "control": "/dev/shm/x.ctl", "log": "/tmp/x.jsonl"})
-    ledger.mark(cuda, "injected")
-    kill = ledger.record("raylet-kill", {"node_ip": "10.0.0.3"}, {"action": "none"})
-    backend = FakeBackend(FakeTransport())
-    left = sweep(Ledger(tmp_path / "l.jsonl"), backend, say=lambda *_: None)
-    assert left == [] and backend.keys == ["10.0.0.2"]
-    disarm, remove = backend.transport.commands  # disarmed, then its files removed from the host
-    assert "/dev/shm/x.ctl" in disarm and remove == "rm -f /dev/shm/x.ctl /tmp/x.jsonl", remove
-    states = {k: v["state"] for k, v in ledger.entries().items()}
-    assert states == {cuda: "reverted", kill: "nothing-to-revert"}
-
-
-def test_sweep_reports_what_it_could_not_revert(tmp_path):
-    ledger = Ledger(tmp_path / "l.jsonl")
-    i = ledger.record("cuda", {}, {"action": "disarm-cuda-shim", "host": "10.0.0.2", "control": "/dev/shm/x.ctl"})
-    j = ledger.record("raylet_kill", {}, {"action": "none"})  # a kind this version does not know
-    [left, unknown] = sweep(ledger, FakeBackend(FakeTransport(ok=False)), say=lambda *_: None)
-    assert "permission denied" in left["error"] and ledger.entries()[i]["state"] == "failed"
-    assert "unknown fault kind 'raylet_kill'" in unknown["error"] and ledger.entries()[j]["state"] == "failed"
-
-
-def test_a_kind_whose_revert_is_unknown_to_its_fault_is_not_swept_as_done(tmp_path):
-    ledger = Ledger(tmp_path / "l.jsonl")
-    i = ledger.record("raylet-kill", {}, {"action": "heal-partition", "netns": "x"})
-    [left] = sweep(ledger, FakeBackend(FakeTransport()), say=lambda *_: None)
-    assert "no sweep for revert action 'heal-partition'" in left["error"] and ledger.entries()[i]["state"] == "failed"
 
 
 def test_checkpoints_count_per_run_not_across_a_warm_up():

@@ -1,0 +1,180 @@
+"""Small records kept on the cluster itself, as jobs of Ray's Jobs API.
+
+The harness reaches every cluster through its dashboard's Jobs API and needs no other
+privilege there, so what another runner must find after this one is lost (the lock, its
+heartbeat, the open ledger entries) is kept as jobs: a record is a job whose submission id
+names it, whose ``metadata`` (strings, written once) carries its content and whose
+``start_time`` is the head's clock at its submission.  The Jobs API refuses a second job
+with a taken id, which makes a put atomic.  Removing a record stops its job if it still
+runs and deletes it.
+
+Cost, measured on the embedded cluster's head (2 shared cores): a submission is ~20 ms for
+the caller and ~2 CPU s on the head (Ray starts a JobSupervisor actor process per job); a
+read or a delete ~20 ms and no process.  So records are written rarely: once per session
+(the lock), once per heartbeat, once per fault that leaves something to revert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import json
+import logging
+import urllib.error
+import urllib.request
+
+from chaos.errors import ClusterError
+from chaos.waits import poll_until
+
+log = logging.getLogger(__name__)
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+ENTRY_PREFIX = "ray-chaos-ledger-"
+HTTP_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One record: its job's submission id, status, metadata and submission time (the
+    head's clock, Unix seconds; None if the Jobs API gave none)."""
+
+    submission_id: str
+    status: str
+    metadata: dict
+    start_time: float | None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL
+
+
+def _record(info) -> Record:
+    start = getattr(info, "start_time", None)
+    return Record(submission_id=info.submission_id, status=str(info.status.value), metadata=dict(info.metadata or {}),
+                  start_time=start / 1000 if start else None)
+
+
+class JobsStore:
+    """Records on the cluster whose dashboard is ``dashboard_url`` (``client``: a Jobs SDK
+    client to use instead of one made on first use)."""
+
+    def __init__(self, dashboard_url: str, client=None):
+        self.dashboard_url = dashboard_url.rstrip("/")
+        self._client = client
+
+    @property
+    def client(self):
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self.reachable()  # the SDK's own first request has no timeout
+            try:
+                self._client = JobSubmissionClient(self.dashboard_url)
+            except Exception as e:  # noqa: BLE001 - requests' and Ray's own errors alike
+                raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+        return self._client
+
+    def reachable(self) -> None:
+        """Raise ClusterError unless the dashboard answers within HTTP_TIMEOUT_S."""
+        self.head_now()
+
+    def put(self, submission_id: str, metadata: dict, entrypoint: str = "true") -> bool:
+        """Create the record; False if one with this id exists (nothing changed)."""
+        try:
+            self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
+                                   metadata={k: str(v) for k, v in metadata.items()})
+            return True
+        except RuntimeError as e:
+            if "already exists" in str(e):
+                return False
+            raise ClusterError(f"the Jobs API at {self.dashboard_url} refused job {submission_id}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - a connection error is the cluster's, not ours
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+
+    def get(self, submission_id: str) -> Record | None:
+        try:
+            return _record(self.client.get_job_info(submission_id))
+        except RuntimeError as e:
+            if "does not exist" in str(e):
+                return None
+            raise ClusterError(f"cannot read job {submission_id} at {self.dashboard_url}: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+
+    def list(self, prefix: str) -> list[Record]:
+        """Every record whose id starts with ``prefix``, oldest first."""
+        try:
+            jobs = self.client.list_jobs()
+        except Exception as e:  # noqa: BLE001
+            raise ClusterError(f"cannot list the jobs at {self.dashboard_url}: {e}") from e
+        found = [_record(j) for j in jobs if (j.submission_id or "").startswith(prefix)]
+        return sorted(found, key=lambda r: (r.start_time or 0, r.submission_id))
+
+    def remove(self, submission_id: str, timeout: float = 30.0) -> bool:
+        """Stop the record's job if it still runs and delete it; False if there was none."""
+        try:
+            record = self.get(submission_id)
+            if record is None:
+                return False
+            if not record.ended:
+                self.client.stop_job(submission_id)
+                poll_until(lambda: ((s := self.get(submission_id)) is None or s.ended, f"status {s and s.status}"),
+                           timeout, f"job {submission_id} to stop", interval=0.2)
+            self.client.delete_job(submission_id)
+            return True
+        except RuntimeError as e:
+            if "does not exist" in str(e):  # someone removed it first
+                return False
+            raise ClusterError(f"cannot remove job {submission_id} at {self.dashboard_url}: {e}") from e
+        except ClusterError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+
+    def head_now(self) -> float:
+        """The head's clock now (Unix seconds, from its dashboard's HTTP ``Date``), against
+        which record ages are judged: never this machine's clock, which may be off."""
+        from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+        url = f"{self.dashboard_url}/api/version"
+        request = urllib.request.Request(url, headers=get_auth_headers_if_auth_enabled({}))
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+                date = response.headers.get("Date")
+        except urllib.error.HTTPError as e:
+            date = e.headers.get("Date")
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+        if not date:
+            raise ClusterError(f"{url} answered without a Date header: the head's clock cannot be read")
+        return email.utils.parsedate_to_datetime(date).timestamp()
+
+
+class ClusterLedger:
+    """The ledger's open entries kept on the cluster (chaos.ledger): one no-op job
+    ``ray-chaos-ledger-<id>`` per entry, its metadata the entry with its revert plan, removed
+    once the fault is reverted."""
+
+    def __init__(self, store: JobsStore):
+        self.store = store
+
+    def open(self, entry: dict) -> None:
+        """Write ``entry`` on the cluster (raise ClusterError: then the fault is not injected)."""
+        if not self.store.put(ENTRY_PREFIX + entry["id"], {"ray-chaos": "ledger-entry", "entry": json.dumps(entry)}):
+            raise ClusterError(f"ledger entry {entry['id']} already exists on the cluster")
+
+    def close(self, entry_id: str) -> bool:
+        """Remove the entry (its fault is reverted); False if it was not there."""
+        return self.store.remove(ENTRY_PREFIX + entry_id)
+
+    def entries(self) -> dict[str, dict]:
+        """Every open entry on the cluster, by id; one whose metadata is not an entry is named
+        by its job and left out."""
+        found = {}
+        for record in self.store.list(ENTRY_PREFIX):
+            try:
+                entry = json.loads(record.metadata["entry"])
+                found[entry["id"]] = entry
+            except (KeyError, ValueError, TypeError) as e:
+                log.warning("job %s on the cluster is no ledger entry (%s): left alone", record.submission_id, e)
+        return found
