@@ -53,8 +53,9 @@ class Cleanup:
     def probe(self, cluster: "ClusterView") -> None:
         """One look at the cluster's dashboard; from here on, steps that need the cluster
         are skipped if it does not answer."""
-        patience = PROBE_S if self._end is not None else PATIENT_PROBE_S
-        self.unreachable = cluster.unreachable(self.remaining(patience) or patience)
+        left = self.remaining(PROBE_S if self._end is not None else PATIENT_PROBE_S)
+        self.unreachable = (cluster.unreachable(left) if left else
+                            f"no time was left to look at it (the cleanup's {self.bound_s:g} s deadline had passed)")
         if self.unreachable:
             self.say(f"cleanup: the cluster is unreachable ({self.unreachable}): steps that need it are skipped")
 

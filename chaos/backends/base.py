@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-#: how long a session's way out (hosts closed, lock released) may take
-LEAVE_S = 10.0
+#: how long a session's way out (hosts closed, lock released) may take; with the dashboard
+#: silent, the release is skipped after one look (chaos.cleanup.PROBE_S)
+LEAVE_S = 15.0
 
 # What a backend may not override: the target check and the session that holds the lock
 # and runs the health guard.
@@ -353,10 +354,10 @@ class Backend(abc.ABC):
         that does not answer keeps its lock until a sweep sees the heartbeat stopped."""
         way_out = Cleanup(self.reporter.say, LEAVE_S)
         way_out.step("close the connections to the hosts", self.close_hosts)
-        if beating is not None:  # a beat under way lands before the release removes the beats
-            way_out.step("let the last heartbeat land", lambda: beating.join(way_out.remaining()))
         if cluster_lock is not None and cluster_lock.held:
             way_out.probe(self.cluster)
+            if beating is not None:  # a beat under way (~20 ms) lands before the release removes the beats
+                way_out.step("let the last heartbeat land", lambda: beating.join(3.0), needs_cluster=True)
             way_out.step("release the cluster's lock", cluster_lock.release, needs_cluster=True)
         self._close()
 

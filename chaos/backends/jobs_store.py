@@ -16,14 +16,17 @@ read or a delete ~20 ms and no process.  So records are written rarely: once per
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import email.utils
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
+from typing import Iterator
 
-from chaos.errors import ClusterError
+from chaos.errors import ClusterError, WaitTimeout
 from chaos.waits import poll_until
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 ENTRY_PREFIX = "ray-chaos-ledger-"
 HTTP_TIMEOUT_S = 10.0
+SETTLE_S = 2.5  # Ray's job monitor looks once a second: two looks and some
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,7 @@ class JobsStore:
     def __init__(self, dashboard_url: str, client=None):
         self.dashboard_url = dashboard_url.rstrip("/")
         self._client = client
+        self.settle_s = SETTLE_S
 
     @property
     def client(self):
@@ -78,58 +83,82 @@ class JobsStore:
         """Raise ClusterError unless the dashboard answers within HTTP_TIMEOUT_S."""
         self.head_now()
 
-    def put(self, submission_id: str, metadata: dict, entrypoint: str = "true") -> bool:
-        """Create the record; False if one with this id exists (nothing changed)."""
+    @contextlib.contextmanager
+    def _api(self, what: str) -> Iterator[None]:
+        """Every failure of a Jobs API call as a ClusterError saying what was asked."""
         try:
-            self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                   metadata={k: str(v) for k, v in metadata.items()})
-            return True
-        except RuntimeError as e:
-            if "already exists" in str(e):
-                return False
-            raise ClusterError(f"the Jobs API at {self.dashboard_url} refused job {submission_id}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - a connection error is the cluster's, not ours
+            yield
+        except ClusterError:
+            raise
+        except (RuntimeError, WaitTimeout) as e:  # the SDK's HTTP errors; a job that would not stop
+            raise ClusterError(f"{what} at {self.dashboard_url}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - requests' connection errors: the cluster's, not ours
             raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
 
+    def put(self, submission_id: str, metadata: dict, entrypoint: str = "true") -> bool:
+        """Create the record; False if one with this id exists (nothing changed)."""
+        with self._api(f"the Jobs API refused job {submission_id}"):
+            try:
+                self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
+                                       metadata={k: str(v) for k, v in metadata.items()})
+            except RuntimeError as e:
+                if "already exists" in str(e):
+                    return False
+                raise
+        return True
+
     def get(self, submission_id: str) -> Record | None:
-        try:
-            return _record(self.client.get_job_info(submission_id))
-        except RuntimeError as e:
-            if "does not exist" in str(e):
-                return None
-            raise ClusterError(f"cannot read job {submission_id} at {self.dashboard_url}: {e}") from e
-        except Exception as e:  # noqa: BLE001
-            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+        with self._api(f"cannot read job {submission_id}"):
+            try:
+                return _record(self.client.get_job_info(submission_id))
+            except RuntimeError as e:
+                if "does not exist" in str(e):
+                    return None
+                raise
 
     def list(self, prefix: str) -> list[Record]:
         """Every record whose id starts with ``prefix``, oldest first."""
-        try:
+        with self._api("cannot list the jobs"):
             jobs = self.client.list_jobs()
-        except Exception as e:  # noqa: BLE001
-            raise ClusterError(f"cannot list the jobs at {self.dashboard_url}: {e}") from e
         found = [_record(j) for j in jobs if (j.submission_id or "").startswith(prefix)]
         return sorted(found, key=lambda r: (r.start_time or 0, r.submission_id))
 
     def remove(self, submission_id: str, timeout: float = 30.0) -> bool:
         """Stop the record's job if it still runs and delete it; False if there was none."""
-        try:
-            record = self.get(submission_id)
-            if record is None:
-                return False
-            if not record.ended:
-                self.client.stop_job(submission_id)
-                poll_until(lambda: ((s := self.get(submission_id)) is None or s.ended, f"status {s and s.status}"),
-                           timeout, f"job {submission_id} to stop", interval=0.2)
-            self.client.delete_job(submission_id)
-            return True
-        except RuntimeError as e:
-            if "does not exist" in str(e):  # someone removed it first
-                return False
-            raise ClusterError(f"cannot remove job {submission_id} at {self.dashboard_url}: {e}") from e
-        except ClusterError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
+        record = self.get(submission_id)
+        if record is None:
+            return False
+        with self._api(f"cannot remove job {submission_id}"):
+            try:
+                if not record.ended:
+                    self.client.stop_job(submission_id)
+                    poll_until(lambda: ((s := self.get(submission_id)) is None or s.ended, f"status {s and s.status}"),
+                               timeout, f"job {submission_id} to stop", interval=0.2)
+                self.client.delete_job(submission_id)
+                if not record.ended:
+                    self._settle(submission_id)
+            except RuntimeError as e:
+                if "does not exist" in str(e):  # someone removed it first
+                    return False
+                raise
+        return True
+
+    def _settle(self, submission_id: str) -> None:
+        """Keep a just-stopped job deleted.  Ray's job monitor looks at its supervisor once a
+        second; one that finds the supervisor gone and the job deleted writes the job anew as
+        FAILED (measured on Ray 2.60: a stopped lock job came back that way).  So it is deleted
+        again until it has stayed away for ``settle_s``."""
+        absent_since: list[float] = []
+
+        def settled() -> tuple[bool, str]:
+            if self.get(submission_id) is not None:
+                absent_since.clear()
+                self.client.delete_job(submission_id)
+                return False, "written anew by Ray's job monitor: deleted again"
+            absent_since[:1] = absent_since[:1] or [time.monotonic()]
+            return time.monotonic() - absent_since[0] >= self.settle_s, "deleted"
+
+        poll_until(settled, 5 * self.settle_s, f"job {submission_id} to stay deleted", interval=self.settle_s / 10)
 
     def head_now(self) -> float:
         """The head's clock now (Unix seconds, from its dashboard's HTTP ``Date``), against

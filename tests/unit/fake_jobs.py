@@ -1,6 +1,7 @@
 """A fake of Ray 2.60's Jobs API as the harness's cluster-side records use it (the SDK
 client's methods, its errors, one job per submission id, submission times on the head's
-clock), and a store whose head clock the test sets."""
+clock, and its job monitor writing a stopped job anew as FAILED when it was deleted before
+the monitor saw its supervisor go), and a store whose head clock the test sets."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class FakeJobs:
         self.clock = clock
         self.submitted: list[str] = []
         self.down = False
+        self.monitor_writes: list[str] = []  # jobs the monitor wrote anew after their deletion
+        self._stopped_then_deleted: set[str] = set()
 
     def _up(self):
         if self.down:
@@ -35,6 +38,10 @@ class FakeJobs:
 
     def _job(self, job_id):
         self._up()
+        if job_id in self._stopped_then_deleted:  # the monitor's next look: supervisor gone, job gone
+            self._stopped_then_deleted.discard(job_id)
+            self.monitor_writes.append(job_id)
+            self.jobs[job_id] = {"status": "FAILED", "metadata": {}, "entrypoint": "", "start_time": None}
         if job_id not in self.jobs:
             raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
         return self.jobs[job_id]
@@ -54,13 +61,15 @@ class FakeJobs:
         return [self._info(k, v) for k, v in self.jobs.items()]
 
     def stop_job(self, job_id):
-        self._job(job_id)["status"] = "STOPPED"
+        job = self._job(job_id)
+        job["status"], job["stopped"] = "STOPPED", True
 
     def delete_job(self, job_id):
         if self._job(job_id)["status"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
             raise RuntimeError(f"Request failed with status code 400: Attempted to delete job {job_id} that is "
                                "not in a terminal state")
-        del self.jobs[job_id]
+        if self.jobs.pop(job_id).get("stopped"):
+            self._stopped_then_deleted.add(job_id)
 
 
 class FakeStore(JobsStore):
@@ -69,6 +78,7 @@ class FakeStore(JobsStore):
     def __init__(self, jobs: FakeJobs):
         super().__init__("http://10.0.0.1:8265", client=jobs)
         self.jobs = jobs
+        self.settle_s = 0.05
 
     def head_now(self) -> float:
         self.jobs._up()
