@@ -95,6 +95,7 @@ def test_every_documented_profile_command_works_against_the_stand_in(foreign):
         if "sweep" in command:
             assert "nothing left armed" in out, out[-3000:]
         elif "--chaos-dry-run" in command:
-            assert "DRY RUN: would inject" in out and re.search(r"\b1 skipped\b", out), out[-6000:]
+            assert "DRY RUN plan of" in out and "eligible now (3): " in out and re.search(r"\b1 skipped\b", out), \
+                out[-6000:]
         else:
             assert re.search(rf"^PASSED \S+::{ONE_SUITE}$", out, re.M), out[-6000:]

@@ -180,10 +180,19 @@ def test_a_storage_partition_drops_only_the_endpoint_and_is_healed(local, fake_i
             pass
 
 
-def test_ray_chaos_sweep_lifts_a_rule_a_killed_session_left(local, tmp_path):
+def test_ray_chaos_sweep_lifts_a_rule_a_killed_session_left(local, tmp_path, monkeypatch):
     """The ledger's entry, written before the injection, is all the sweep needs: the rule is
     lifted and the entry closed; a second sweep finds nothing open."""
-    from chaos.ledger import Ledger, sweep
+    import subprocess
+
+    import chaos.ledger
+    from chaos.backends.lock import this_runner
+    from chaos.ledger import Ledger
+    from chaos.sweep import sweep
+
+    killed = subprocess.Popen(["true"])  # the session that wrote the entry, gone
+    killed.wait()
+    monkeypatch.setattr(chaos.ledger, "this_runner", lambda: {**this_runner(), "pid": str(killed.pid)})
 
     store = local.object_storage()
     admin = ProxyAdmin(local.admin_url)
@@ -197,6 +206,7 @@ def test_ray_chaos_sweep_lifts_a_rule_a_killed_session_left(local, tmp_path):
     inj.handles["stop"].set()  # the session is gone: nothing of it ends the window
     ledger.mark(inj.ledger_id, "injected")
     said = []
-    assert sweep(ledger, types.SimpleNamespace(), say=said.append) == []
+    done = sweep(types.SimpleNamespace(), ledger, None, say=said.append)
+    assert done.ok and done.reverted == [inj.ledger_id]
     assert admin.rules() == [] and ledger.open_entries() == []
-    assert said and "swept storage-errors" in said[0] and "lift-storage-rule" in said[0]
+    assert said and "sweep: reverted storage-errors" in said[0] and "lift-storage-rule" in said[0], said
