@@ -112,11 +112,16 @@ def _open_entries(ledger: Ledger, cluster: Cluster | None, done: Swept, say) -> 
         say(f"sweep: could not read the ledger entries kept on the cluster: {e}")
         return list(found.values())
     for entry_id, entry in remote.items():
-        if local.get(entry_id, {}).get("state") in CLOSED:
+        if local.get(entry_id, {}).get("state") not in CLOSED:
+            found.setdefault(entry_id, entry)
+            continue
+        try:
             cluster.ledger.close(entry_id)
             say(f"sweep: removed {entry['fault']} ({entry_id}) from the cluster: already {local[entry_id]['state']}")
-        else:
-            found.setdefault(entry_id, entry)
+        except ClusterError as e:
+            done.unchecked.append(f"removing closed entry {entry_id} from the cluster: {e}")
+            say(f"sweep: could not remove {entry['fault']} ({entry_id}), already {local[entry_id]['state']}, from "
+                f"the cluster: {e}")
     return list(found.values())
 
 
