@@ -37,7 +37,8 @@ def _ledger(args) -> int:
             print(f"could not read the ledger entries kept on the cluster: {e}", file=sys.stderr)
             return 1
         for entry_id, entry in remote.items():  # this runner's file knows better, when it has the entry
-            entries.setdefault(entry_id, {**entry, "where": "cluster"})
+            if local.get(entry_id, {}).get("state") not in CLOSED:
+                entries.setdefault(entry_id, {**entry, "where": "cluster"})
     for e in entries.values():
         print(json.dumps(e, sort_keys=True))
     if not args.all:

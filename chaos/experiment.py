@@ -600,6 +600,8 @@ class Experiment:
         way_out = Cleanup(self.reporter.say, cleanup.BOUND_S if interrupted else None)
         if interrupted or not any(inj.fault.loses_the_head for inj in self._injections):
             way_out.probe(self.env.cluster)
+        if way_out.unreachable:  # the reverts' ledger marks do not wait on it either
+            self.env.ledger.cluster_gone(way_out.unreachable)
         return way_out
 
     def _heal(self, run: Run, way_out: Cleanup, wait: bool = True) -> Verdict:

@@ -90,6 +90,12 @@ class Ledger:
             except ClusterError as e:
                 log.warning("ledger entry %s stays on the cluster (a sweep removes it): %s", entry_id, e)
 
+    def cluster_gone(self, why: str) -> None:
+        """The cluster stopped answering (``why``): its entries stay there for a sweep, and no
+        close waits on it meanwhile."""
+        if self.cluster is not None:
+            self.cluster.store.silence(why)
+
     def adopt(self, entry: dict, state: str, **details) -> None:
         """Record here the final state of an entry another session wrote (a sweep's)."""
         self._append({**entry, "t": time.time(), "state": state, **details})

@@ -355,7 +355,9 @@ class Backend(abc.ABC):
         way_out = Cleanup(self.reporter.say, LEAVE_S)
         way_out.step("close the connections to the hosts", self.close_hosts)
         if cluster_lock is not None and cluster_lock.held:
-            way_out.probe(self.cluster)
+            way_out.unreachable = cluster_lock.store.silent  # known silent: no second look
+            if not way_out.unreachable:
+                way_out.probe(self.cluster)
             if beating is not None:  # a beat under way (~20 ms) lands before the release removes the beats
                 way_out.step("let the last heartbeat land", lambda: beating.join(3.0), needs_cluster=True)
             way_out.step("release the cluster's lock", cluster_lock.release, needs_cluster=True)

@@ -21,6 +21,7 @@ import dataclasses
 import email.utils
 import json
 import logging
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 ENTRY_PREFIX = "ray-chaos-ledger-"
 HTTP_TIMEOUT_S = 10.0
 SETTLE_S = 2.5  # Ray's job monitor looks once a second: two looks and some
+QUIET_S = 30.0  # how long a dashboard found silent is not asked again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,19 +62,60 @@ def _record(info) -> Record:
 
 class JobsStore:
     """Records on the cluster whose dashboard is ``dashboard_url`` (``client``: a Jobs SDK
-    client to use instead of one made on first use)."""
+    client to use instead of one made on first use).
+
+    The SDK sets no timeout on its requests, so a head that drops packets would hold a call
+    for minutes: each call here gets HTTP_TIMEOUT_S, and once one found the dashboard silent
+    (or someone said so: ``silence``), the next ones fail at once for QUIET_S."""
 
     def __init__(self, dashboard_url: str, client=None):
         self.dashboard_url = dashboard_url.rstrip("/")
         self._client = client
         self.settle_s = SETTLE_S
+        self._quiet_until = 0.0
+        self._quiet_why = ""
 
     @property
-    def client(self):
+    def silent(self) -> str | None:
+        """Why the dashboard is taken for silent now (None: it is asked)."""
+        return self._quiet_why if time.monotonic() < self._quiet_until else None
+
+    def silence(self, why: str, for_s: float | None = None) -> None:
+        """Take the dashboard for silent (``why``) for ``for_s`` seconds: calls fail at once."""
+        self._quiet_until = time.monotonic() + (QUIET_S if for_s is None else for_s)
+        self._quiet_why = why
+
+    def _sdk(self, method: str, *args, **kwargs):
+        """``client.<method>(...)`` within HTTP_TIMEOUT_S, in a thread of its own (left behind,
+        a daemon, when it outlives that)."""
+        if self.silent:
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {self.silent}")
+        box: list = []
+
+        def call() -> None:
+            try:
+                box.append((True, getattr(self._connected(), method)(*args, **kwargs)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread as is
+                box.append((False, e))
+
+        caller = threading.Thread(target=call, name=f"jobs-api {method}", daemon=True)
+        caller.start()
+        caller.join(HTTP_TIMEOUT_S)
+        if not box:
+            why = f"no answer to {method} within {HTTP_TIMEOUT_S:g} s"
+            self.silence(why)
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {why}")
+        ok, value = box[0]
+        if ok:
+            return value
+        if isinstance(value, (OSError, ClusterError)):  # requests' connection errors are OSErrors
+            self.silence(str(value))
+        raise value
+
+    def _connected(self):
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
-            self.reachable()  # the SDK's own first request has no timeout
             try:
                 self._client = JobSubmissionClient(self.dashboard_url)
             except Exception as e:  # noqa: BLE001 - requests' and Ray's own errors alike
@@ -99,8 +142,8 @@ class JobsStore:
         """Create the record; False if one with this id exists (nothing changed)."""
         with self._api(f"the Jobs API refused job {submission_id}"):
             try:
-                self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                       metadata={k: str(v) for k, v in metadata.items()})
+                self._sdk("submit_job", entrypoint=entrypoint, submission_id=submission_id,
+                          metadata={k: str(v) for k, v in metadata.items()})
             except RuntimeError as e:
                 if "already exists" in str(e):
                     return False
@@ -110,7 +153,7 @@ class JobsStore:
     def get(self, submission_id: str) -> Record | None:
         with self._api(f"cannot read job {submission_id}"):
             try:
-                return _record(self.client.get_job_info(submission_id))
+                return _record(self._sdk("get_job_info", submission_id))
             except RuntimeError as e:
                 if "does not exist" in str(e):
                     return None
@@ -119,7 +162,7 @@ class JobsStore:
     def list(self, prefix: str) -> list[Record]:
         """Every record whose id starts with ``prefix``, oldest first."""
         with self._api("cannot list the jobs"):
-            jobs = self.client.list_jobs()
+            jobs = self._sdk("list_jobs")
         found = [_record(j) for j in jobs if (j.submission_id or "").startswith(prefix)]
         return sorted(found, key=lambda r: (r.start_time or 0, r.submission_id))
 
@@ -131,10 +174,10 @@ class JobsStore:
         with self._api(f"cannot remove job {submission_id}"):
             try:
                 if not record.ended:
-                    self.client.stop_job(submission_id)
+                    self._sdk("stop_job", submission_id)
                     poll_until(lambda: ((s := self.get(submission_id)) is None or s.ended, f"status {s and s.status}"),
                                timeout, f"job {submission_id} to stop", interval=0.2)
-                self.client.delete_job(submission_id)
+                self._sdk("delete_job", submission_id)
                 if not record.ended:
                     self._settle(submission_id)
             except RuntimeError as e:
@@ -153,7 +196,7 @@ class JobsStore:
         def settled() -> tuple[bool, str]:
             if self.get(submission_id) is not None:
                 absent_since.clear()
-                self.client.delete_job(submission_id)
+                self._sdk("delete_job", submission_id)
                 return False, "written anew by Ray's job monitor: deleted again"
             absent_since[:1] = absent_since[:1] or [time.monotonic()]
             return time.monotonic() - absent_since[0] >= self.settle_s, "deleted"
@@ -165,6 +208,8 @@ class JobsStore:
         which record ages are judged: never this machine's clock, which may be off."""
         from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
 
+        if self.silent:
+            raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {self.silent}")
         url = f"{self.dashboard_url}/api/version"
         request = urllib.request.Request(url, headers=get_auth_headers_if_auth_enabled({}))
         try:
@@ -173,6 +218,7 @@ class JobsStore:
         except urllib.error.HTTPError as e:
             date = e.headers.get("Date")
         except (OSError, ValueError) as e:
+            self.silence(str(e))
             raise ClusterError(f"cannot reach the Jobs API at {self.dashboard_url}: {e}") from e
         if not date:
             raise ClusterError(f"{url} answered without a Date header: the head's clock cannot be read")
