@@ -108,6 +108,11 @@ class Diagnosis(str, enum.Enum):
                                  ReportCategory.UNVERIFIABLE, (_R,),
                                  "the reports admit two steps for the checkpoint (reported without a step, or "
                                  "saved at the top of a step) and no state value tells which")
+    STATE_DOES_NOT_TELL = ("unverifiable: state metric does not tell the states apart", Kind.UNVERIFIABLE,
+                           ReportCategory.UNVERIFIABLE, (_R, "state-restored"),
+                           "the state value that would decide gives, within the tolerance, what a state one or more "
+                           "updates away gives too (a metric that does not move, or a tolerance wider than a step's "
+                           "change), so reproducing it shows nothing")
     NO_CHECKPOINT_REPORTED = ("unverifiable: no checkpoint reported", Kind.UNVERIFIABLE,
                               ReportCategory.UNVERIFIABLE, (_R,), "the run never handed Ray Train a checkpoint")
     NO_STEP_AT_CHECKPOINT = ("unverifiable: no step at the checkpoint", Kind.UNVERIFIABLE,

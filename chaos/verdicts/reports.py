@@ -219,6 +219,27 @@ class RunReports:
         value = self.baseline_values.get((rank, step_key(step)))
         return ("the fault-free baseline", value) if value is not None else None
 
+    def value_near(self, rank: int, step: Step, by: Step, attempt: int) -> tuple[Step, str, float] | None:
+        """(the step, where, the value) an earlier report (before ``attempt``, else the fault-free
+        baseline) gave ``by`` steps after ``step``, else ``by`` steps before it: what the state
+        metric gives for a state that many updates away, which a value that decides between
+        two such states must not reproduce."""
+        for other in (step + by, step - by):
+            found = self.earlier_value(rank, other, attempt)
+            if found is not None:
+                return other, found[0], found[1]
+        return None
+
+    def one_step(self, rank: int, attempt: int) -> Step | None:
+        """One training step in the step metric's units: 1 where the rank's steps before
+        ``attempt`` are whole numbers, else its regular reporting stride (an epoch fraction
+        reported every step); None where neither is known."""
+        steps = [r.steps[rank] for r in self.stepped if r.attempt < attempt and rank in r.steps]
+        if all(isinstance(s, int) for s in steps):
+            return 1
+        strides = self.strides_before(attempt).get(rank)
+        return strides.regular if strides is not None else None
+
     def first_valued(self, attempt: int, rank: int) -> tuple[Step, float] | None:
         """``rank``'s first report in ``attempt`` that carries a state value: (step, value)."""
         return next(((r.steps[rank], v) for r in self.stepped if r.attempt == attempt and rank in r.steps

@@ -128,7 +128,9 @@ def _loaded_from_storage(run: RunReports, got: Step, r: Reading, attempt: int) -
 
 def _decide_by_state(run: RunReports, rank: int, got: Step, attempt: int,
                      judged: list[tuple[Reading, Judgement]]) -> Judgement:
-    """Readings that disagree about ``got``: the restart's first state value decides."""
+    """Readings that disagree about ``got``: the restart's first state value decides — a pass
+    only for a reading that has the restart right, and only where the value rules out what
+    every other reading's state would have given."""
     wrong_reading, wrong = next(((r, j) for r, j in judged if j.status is not Status.PASS), judged[0])
     readings_said = "; ".join(f"if {r.assumes}, {j.status.value}" + (f" ({j.diagnosis.value})" if j.diagnosis else "")
                               for r, j in judged)
@@ -143,10 +145,7 @@ def _decide_by_state(run: RunReports, rank: int, got: Step, attempt: int,
                          "ray.train.report({'step': s, ...}, checkpoint=ck), and the training loss)")
     (step, value), (where, was) = first, earlier
     if run.reproduces(value, was):
-        right = next((j for _, j in judged if j.status is Status.PASS), wrong)
-        return Judgement(rank, got, Status.PASS, None, got, right.checkpoint_step,
-                         f"{rule}: step {step} reproduced {was:.6g} of {where}, so attempt {attempt} began from the "
-                         f"state step {step} began from")
+        return _reproduced(run, Decided(rank, got, attempt, step, value, where, was, rule), judged)
     how = f"step {step} gave {value:.6g} in attempt {attempt} but {was:.6g} in {where}"
     if not run.expect.is_deterministic:
         return Judgement(rank, got, Status.UNVERIFIABLE, Diagnosis.CHECKPOINT_STEP_AMBIGUOUS, wrong.expected,
@@ -159,6 +158,84 @@ def _decide_by_state(run: RunReports, rank: int, got: Step, attempt: int,
             f"if {wrong_reading.assumes}: {wrong.why or diagnosis.value}")
     return Judgement(rank, got, Status.FAIL, diagnosis, wrong.expected, wrong.checkpoint_step, rule,
                      f"{how}: attempt {attempt} did not begin from the state step {step} began from — {what}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decided:
+    """A restart's first state value that reproduced an earlier one: rank, its first step,
+    the attempt, the step valued, its value, and the earlier (where, value)."""
+
+    rank: int
+    got: Step
+    attempt: int
+    step: Step
+    value: float
+    where: str
+    was: float
+    rule: str
+
+
+def _reproduced(run: RunReports, d: Decided, judged: list[tuple[Reading, Judgement]]) -> Judgement:
+    """The first state value reproduced: it began from the state step ``d.step`` began from.
+    That passes the reading with the restart right, unless the value cannot rule out another
+    reading's state; where no reading has the restart right, it changes nothing."""
+    right = next(((r, j) for r, j in judged if j.status is Status.PASS), None)
+    others = [(r, j) for r, j in judged if j.status is not Status.PASS]
+    shown = f"step {d.step} reproduced {d.was:.6g} of {d.where}"
+    if right is None:
+        if all(j.status is Status.FAIL for _, j in others):
+            lead = min((j for _, j in others), key=lambda j: SEVERITY.index(j.diagnosis)
+                       if j.diagnosis in SEVERITY else len(SEVERITY))
+            return dataclasses.replace(lead, rule=d.rule, why=f"{lead.why} — under either reading ({shown})")
+        lead = others[0][1]
+        return Judgement(d.rank, d.got, Status.UNVERIFIABLE, Diagnosis.CHECKPOINT_STEP_AMBIGUOUS, lead.expected,
+                         lead.checkpoint_step, d.rule, f"{d.rule}: {shown}, but under no reading did attempt "
+                         f"{d.attempt} begin where it should, so that shows nothing of where it began")
+    for reading, _ in others:
+        by = _apart(run, reading, right[0], d.rank, d.attempt)
+        cannot = _cannot_tell(run, d, by, f"the state it would have begun from if {reading.assumes}",
+                              Diagnosis.CHECKPOINT_STEP_AMBIGUOUS)
+        if cannot is not None:
+            diagnosis, why = cannot
+            return Judgement(d.rank, d.got, Status.UNVERIFIABLE, diagnosis, right[1].expected,
+                             right[1].checkpoint_step, d.rule, f"{d.rule}: {shown}, but {why}")
+    return Judgement(d.rank, d.got, Status.PASS, None, d.got, right[1].checkpoint_step,
+                     f"{d.rule}: {shown}, so attempt {d.attempt} began from the state step {d.step} began from")
+
+
+def _apart(run: RunReports, other: Reading, right: Reading, rank: int, attempt: int) -> Step | None:
+    """How many steps further the state ``other`` says the checkpoint holds than ``right``
+    does (None where a reading saved at the top of a step meets steps of unknown units)."""
+    one = run.one_step(rank, attempt)
+    if (other.before_step or right.before_step) and one is None:
+        return None
+
+    def held(r: Reading) -> Step:
+        return r.ck - one if r.before_step and one is not None else r.ck
+
+    return held(other) - held(right)
+
+
+def _cannot_tell(run: RunReports, d: Decided, by: Step | None, other: str,
+                 missing: Diagnosis) -> tuple[Diagnosis, str] | None:
+    """Why the restart's value at ``d.step`` does not rule out ``other`` — a state ``by``
+    steps away from the one it reproduced — or None where it does: the earlier value ``by``
+    steps away (else the same distance on the other side: how far the metric moves over
+    that many steps) must lie outside the tolerance of it."""
+    if by is None or same_step(by, 0):
+        return missing, f"nothing tells it from {other} (the same state, or steps of unknown units)"
+    near = run.value_near(d.rank, d.step, by, d.attempt)
+    if near is None:
+        return missing, (f"no earlier attempt (nor a fault-free baseline) reported step {d.step + by} or "
+                         f"{d.step - by} with a state value, so nothing shows that the state metric tells it from "
+                         f"{other}")
+    at, where, there = near
+    if run.reproduces(d.value, there):
+        return Diagnosis.STATE_DOES_NOT_TELL, (
+            f"step {at} gave {there:.6g} in {where}, within the tolerance (rtol {run.rtol:g}) of {d.value:.6g}: the "
+            f"state metric does not tell it from {other} (report a state metric that moves with every step, or "
+            "tighten --chaos-state-rtol)")
+    return None
 
 
 def _at_checkpoint_step(run: RunReports, rank: int, got: Step, r: Reading, attempt: int,
@@ -250,7 +327,18 @@ def _next_trained_step_decides(run: RunReports, rank: int, got: Step, r: Reading
             return Judgement(rank, got, Status.FAIL, Diagnosis.STATE_NOT_RESTORED, nxt, ck, rule, why)
         return Judgement(rank, got, Status.WARNING, Diagnosis.STATE_DIFFERS, nxt, ck, rule,
                          why + f" (a warning: the workload is not declared deterministic, {DETERMINISM_HINT})")
-    return Judgement(rank, got, Status.PASS, None, nxt, ck, rule + f": step {trained} reproduced {was:.6g} of {where}")
+    assert trained is not None
+    shown = f"step {trained} reproduced {was:.6g} of {where}"
+    # step ck trained again leaves the state one update further: the value must rule that out
+    cannot = _cannot_tell(run, Decided(rank, got, attempt, trained, value, where, was, rule),
+                          run.one_step(rank, attempt), f"the state one update further (step {ck} trained again)",
+                          Diagnosis.AT_CHECKPOINT_STEP)
+    if cannot is not None:
+        diagnosis, why = cannot
+        return Judgement(rank, got, Status.UNVERIFIABLE, diagnosis, nxt, ck, rule,
+                         f"attempt {attempt} first reported step {ck}, the checkpoint's own step: an evaluation after "
+                         f"loading it, or step {ck} trained again — {shown}, but {why}")
+    return Judgement(rank, got, Status.PASS, None, nxt, ck, f"{rule}: {shown}")
 
 
 def judge_late_step(run: RunReports, rank: int, commits: list[Row], attempt: int) -> Judgement:

@@ -23,7 +23,7 @@ from chaos.verdicts.reports import Row, RunReports
 from chaos.verdicts.resume_rank import DETERMINISM_HINT
 from chaos.verdicts.states import AFTER_THE_FIRST_STEP, DIGEST_PARTS, PART_CAUSES, STATE_DIGEST_METRICS
 from chaos.verdicts.status import Status
-from chaos.verdicts.tolerance import STATE_ATOL, step_in, step_key
+from chaos.verdicts.tolerance import STATE_ATOL, same_step, step_in, step_key
 from chaos.verdicts.verdict import Verdict
 
 NAME = "state-restored"
@@ -187,12 +187,39 @@ def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, events
     if not compared:
         return Verdict(name, Status.NOT_APPLICABLE, f"not checked: attempt {attempt} re-did no step that an earlier "
                        f"attempt had reported, so there is no {metric} to compare", None, evidence)
+    if not any(c.digests or _moves(run, c, attempt) for c in compared):
+        return _does_not_tell(run, name, attempt, metric, evidence)
     redone = [c for c in compared if c.against_checkpoint is None]
     shown = [f"{len(redone)} re-done report(s) reproduced the earlier attempt's {metric}"
              + (" and state digests" if any(c.digests for c in redone) else "")] if redone else []
     shown += [f"step {c.step} began from the state checkpoint step {c.against_checkpoint} saved "
               f"({', '.join(c.digests)})" for c in compared if c.against_checkpoint is not None]
     return Verdict(name, Status.PASS, "; ".join(shown), None, evidence)
+
+
+def _moves(run: RunReports, c: Compared, attempt: int) -> bool:
+    """Whether the state metric moved, beyond the tolerance, between the compared step and the
+    report before or after it (in the earlier attempt, or the restart's own): a value that
+    does not move reproduces whatever state a restart began from."""
+    if c.earlier is None:
+        return False
+    for a in (c.earlier_attempt, attempt):
+        rows = [r for r in run.stepped if r.attempt == a and c.rank in r.steps and r.value(c.rank) is not None]
+        at = next((i for i, r in enumerate(rows) if same_step(r.steps[c.rank], c.step)), None)
+        near = [] if at is None else rows[max(at - 1, 0):at] + rows[at + 1:at + 2]
+        if any(not run.reproduces(value, c.earlier) for r in near if (value := r.value(c.rank)) is not None):
+            return True
+    return False
+
+
+def _does_not_tell(run: RunReports, name: str, attempt: int, metric: str, evidence: dict[str, Any]) -> Verdict:
+    what = (f"attempt {attempt}'s re-done steps reproduced the earlier {metric}, but it did not move beyond the "
+            f"tolerance (rtol {run.rtol:g}) between the reports around them, so any state would have reproduced it")
+    if not run.expect.is_deterministic:
+        return Verdict(name, Status.NOT_APPLICABLE, f"not checked: {what}", None, evidence)
+    return Verdict(name, Status.UNVERIFIABLE, f"unverifiable: state metric does not tell the states apart: {what} "
+                   "(report a state metric that moves with every step, or tighten --chaos-state-rtol)",
+                   Diagnosis.STATE_DOES_NOT_TELL, evidence)
 
 
 def _whole_state(digests: list[str]) -> bool:

@@ -1,12 +1,14 @@
 """resumed-from-latest: where every rank of every restart began, against the latest committed
 checkpoint, on recorded timelines (issue 44's reporting shapes: test_verdict_shapes.py)."""
 
+import dataclasses
+
 import pytest
 
 from chaos.errors import VerificationError
-from chaos.verdicts import Expect, check
+from chaos.verdicts import Baseline, Diagnosis, Expect, check
 from chaos.verdicts.resume import resumed_from_latest
-from timelines import Script, evaluated_or_retrained, train_loss
+from timelines import Recorded, Script, evaluated_or_retrained, train_loss
 
 DET = Expect(deterministic=True)
 
@@ -157,9 +159,10 @@ def test_a_first_checkpoint_step_trained_again_without_its_state_is_a_restart_fr
     assert "trained again without the checkpoint's state" in v.message, v.line()
 
 
-def test_a_state_metric_that_does_not_move_with_training_does_not_decide_a_checkpoint_step_first_report():
+def test_a_state_metric_that_does_not_move_with_training_decides_no_checkpoint_step_first_report():
     # loss 1.0 at every step: step 5's value again says nothing about the state it came from,
-    # so the next trained step decides as before (it reproduces: a pass on what can be told)
+    # and step 6 reproducing says nothing either — step 5 trained again (one update more)
+    # gives the same 1.0: unverifiable, never a pass on a value that cannot tell
     s = Script(state_metric="loss").start_attempt()
     for st in range(1, 7):
         s.report({0: st, 1: st}, f"/storage/ck{st}" if st in (4, 5) else None, states={0: 1.0, 1: 1.0})
@@ -167,6 +170,10 @@ def test_a_state_metric_that_does_not_move_with_training_does_not_decide_a_check
     for st in range(5, 9):
         s.report({0: st, 1: st}, states={0: 1.0, 1: 1.0})
     [v] = resumed_from_latest(s.finish().timeline(), DET)
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+    assert "step 6 reproduced 1 of attempt 0, but step 5 gave 1 in attempt 0" in v.message, v.line()
+    # twin: a loss that moves with training, step 6 reproducing decides (an evaluation after loading 5)
+    [v] = resumed_from_latest(periodic_and_just_in_time(lambda r: 99.0 + r), DET)
     assert v.status == "pass" and "step 6 reproduced" in v.evidence["rule"], v.line()
 
 
@@ -482,3 +489,88 @@ def test_a_commit_without_a_rank_nobody_explains_or_whose_survivors_disagree_is_
     [v] = resumed_from_latest(survivors_commit(without=True, resume_at=14, survivor_steps=(13, 12)), DET)
     assert v.status != "pass" and v.evidence["ranks"][1]["status"] == "unverifiable", v.line()
     assert v.evidence["ranks"][1]["why"] == "the latest checkpoint's report carried no step for rank 1", v.evidence
+
+
+# -- a state value decides only what it can tell apart ---------------------------------------------
+def stepless_checkpoint_then(restart_at, loss_of):
+    """Every 5th step a checkpoint reported before that step's metrics (``report({}, ck)``),
+    so it holds the state after step s-1 or after s; the restart loads checkpoint 10 (the
+    state after step 10) and begins at ``restart_at`` (10: step 10 trained twice; 11: right).
+    ``loss_of(k)``: the loss of a step begun from the state after k steps."""
+    run = Recorded().start_attempt()
+    for s in range(1, 13):
+        if s % 5 == 0:
+            run.report({}, f"/storage/ck{s}")
+        run.report({"step": s, "loss": loss_of(s - 1)})
+    run.fault().start_attempt()
+    for k, s in enumerate(range(restart_at, 21), start=10):
+        run.report({"step": s, "loss": loss_of(k)})
+    return run.finish().timeline()
+
+
+def test_a_state_value_that_both_readings_of_the_checkpoint_give_decides_nothing():
+    # a loss that does not move: step 10 trained twice reproduces it as well as a right restart
+    for restart_at in (10, 11):
+        [v] = resumed_from_latest(stepless_checkpoint_then(restart_at, lambda k: 1.0), DET)
+        assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+    # a loss that moves less than the suite's tolerance per step (0.1 % a step, rtol 1 %): the same
+    loose = dataclasses.replace(DET, state_rtol=1e-2)
+    [v] = resumed_from_latest(stepless_checkpoint_then(10, lambda k: 1.0 - 0.001 * k), loose)
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+    assert "within the tolerance (rtol 0.01)" in v.message, v.line()
+    # twin: a loss that moves with every step tells them apart — step 10 trained twice fails, 11 passes
+    moving = lambda k: 10.0 / (k + 1)  # noqa: E731
+    [v] = resumed_from_latest(stepless_checkpoint_then(10, moving), DET)
+    assert v.status == "fail" and v.diagnosis is Diagnosis.TRAINED_AGAIN, v.line()
+    [v] = resumed_from_latest(stepless_checkpoint_then(11, moving), DET)
+    assert v.status == "pass", v.line()
+    [v] = resumed_from_latest(stepless_checkpoint_then(11, lambda k: 1.0 - 0.001 * k), DET)  # rtol 1e-4 tells
+    assert v.status == "pass", v.line()
+
+
+def every_fifth_with_a_stepless_checkpoint(restart_at):
+    """Reports every 5th step, checkpoint 15 reported without a step between steps 10 and 15:
+    it holds the state after step 10 or after 15.  The restart first reports ``restart_at``."""
+    run = Recorded().start_attempt()
+    for s in range(5, 16, 5):
+        if s == 15:
+            run.report({}, "/storage/ck15")
+        run.report({"step": s, "loss": train_loss(0, s)})
+    run.fault().start_attempt()
+    for s in range(restart_at, 21):
+        run.report({"step": s, "loss": train_loss(0, s)})
+    return run.finish().timeline()
+
+
+FAULT_FREE = Baseline("k", trajectory={r: [[s, {"auto": train_loss(0, s)}] for s in range(1, 21)] for r in (0, 1)},
+                      job_id="b1", made_at="then")
+
+
+def test_a_reproduced_value_passes_no_restart_that_no_reading_has_right():
+    # step 13: between 10 and 15 if the checkpoint holds step 10 (steps 11-12 unreported or
+    # skipped), before the checkpoint if it holds 15; reproducing the baseline's step 13
+    # fits both (11-12 trained unreported, or an older checkpoint loaded): never a pass
+    [v] = resumed_from_latest(every_fifth_with_a_stepless_checkpoint(13),
+                              Expect(deterministic=True, baseline=True, reference=FAULT_FREE))
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.CHECKPOINT_STEP_AMBIGUOUS, v.line()
+    assert "under no reading did attempt 1 begin where it should" in v.message, v.line()
+    # twin: step 11, right after the checkpoint if it holds step 10, reproduces — and the value
+    # the other reading's state (step 16's, 5 updates further) gives is another: a pass
+    [v] = resumed_from_latest(every_fifth_with_a_stepless_checkpoint(11),
+                              Expect(deterministic=True, baseline=True, reference=FAULT_FREE))
+    assert v.status == "pass" and "step 11 reproduced" in v.message, v.line()
+
+
+def test_an_evaluation_at_the_checkpoint_step_is_not_told_from_the_step_trained_again_by_a_loose_tolerance():
+    # the next trained step reproduces within rtol 1 %, but so would step 10 trained again:
+    # the loss moves 0.1 % a step
+    slow = lambda r, s: 1.0 - 0.001 * s + r  # noqa: E731
+    tl = evaluated_or_retrained(12, 11, state_after=slow)
+    for e in tl.events:
+        if e.kind == "report" and e.attempt == 0:
+            e.data["states"] = {k: slow(int(k), e.data["steps"][k]) for k in e.data["steps"]}
+    [v] = resumed_from_latest(tl, dataclasses.replace(DET, state_rtol=1e-2))
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+    # twin: the same run at the default tolerance tells one update apart
+    [v] = resumed_from_latest(tl, DET)
+    assert v.status == "pass" and "step 11 reproduced" in v.evidence["rule"], v.line()

@@ -1,5 +1,6 @@
 """state-restored: re-done steps reproduce the earlier attempt's state, on recorded timelines."""
 
+import dataclasses
 
 from chaos.verdicts import Diagnosis, Expect, check, judge
 from chaos.verdicts.state import state_restored
@@ -75,3 +76,33 @@ def test_a_refused_state_metric_is_unverifiable_naming_what_was_reported():
     [v] = state_restored(s.finish().timeline(), DET)
     assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
     assert "rank 0 reported loss = 'nan' (str), not a number" in v.message
+
+
+# -- a state metric that does not move shows no state ------------------------------------------------
+def redone_with(value, restored=True):
+    """Steps 1..12 (checkpoints at 5 and 10), the fault, steps 11..20 re-done from checkpoint
+    10 — or, ``restored=False``, from the weights' initial state — each reporting ``value(s)``
+    of the state step s began from."""
+    s = Script(state_metric="loss").start_attempt().steps(1, 12, state=lambda r, st: value(st - 1)).fault().decision()
+    return s.start_attempt().steps(11, 20, state=lambda r, st: value(st - 1 if restored else st - 11)).finish()
+
+
+def test_re_done_steps_that_reproduce_a_state_metric_that_does_not_move_show_nothing():
+    # a constant "loss" (a metric that does not move with training): the weights were not
+    # restored, and every re-done step still reproduces it
+    tl = redone_with(lambda k: 1.0, restored=False).timeline()
+    [v] = state_restored(tl, DET)
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+    [v] = state_restored(tl, Expect())  # not declared deterministic: said, not a pass
+    assert v.status == "n/a" and "did not move beyond the tolerance" in v.message, v.line()
+    # a loss that moves 0.1 % a step under a 1 % tolerance: the same
+    slow = redone_with(lambda k: 1.0 - 0.001 * k).timeline()
+    [v] = state_restored(slow, dataclasses.replace(DET, state_rtol=1e-2))
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.STATE_DOES_NOT_TELL, v.line()
+
+
+def test_re_done_steps_that_reproduce_a_moving_state_metric_pass():
+    [v] = state_restored(redone_with(lambda k: 1.0 - 0.001 * k).timeline(), DET)  # 0.1 % a step, rtol 1e-4
+    assert v.status == "pass" and "re-done report(s) reproduced" in v.message, v.line()
+    [v] = state_restored(redone_with(lambda k: 10.0 / (k + 1), restored=False).timeline(), DET)
+    assert v.status == "fail" and v.diagnosis is Diagnosis.STATE_NOT_RESTORED, v.line()
