@@ -152,6 +152,9 @@ class Diagnosis(str, enum.Enum):
                                "the run left its baseline before any fault")
     NO_STEP_TO_COMPARE = ("unverifiable: no step to compare", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
                           ("state-trajectory",), "a restarted attempt reported no step the baseline has")
+    TOO_FEW_FOLLOWED = ("unverifiable: too few steps followed", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
+                        ("state-trajectory",), "a restarted attempt matched the fault-free run at one step only, its "
+                                               "first after the restore, which shows the weights alone")
     # -- within-budget ----------------------------------------------------------------------
     BUDGET_EXHAUSTED = ("retry budget exhausted", Kind.FINDING, ReportCategory.EXHAUSTED, (_B,),
                         "Ray ran out of retries (a finding unless the suite expects it)")

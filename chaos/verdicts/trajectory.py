@@ -17,6 +17,7 @@ from chaos.verdicts.resume_rank import DETERMINISM_HINT
 from chaos.verdicts.states import (
     DIGEST_PARTS,
     PART_CAUSES,
+    STATE_DIGEST_METRICS,
     TRAJECTORY_METRICS,
     Baseline,
     baseline_unusable,
@@ -135,11 +136,34 @@ def _followed(f: _Followed, origin: str, rtol: float, evidence: dict[str, Any]) 
         return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no step to compare: the restarted attempts reported "
                        f"no step the fault-free run reported with a state value ({origin})",
                        Diagnosis.NO_STEP_TO_COMPARE, evidence)
+    thin = _followed_at_one_step(restarted)
+    if thin:
+        return Verdict(NAME, Status.UNVERIFIABLE, f"unverifiable: too few steps followed: attempt(s) "
+                       f"{', '.join(map(str, thin))} reported one step the fault-free run has, its first after the "
+                       "restore, whose state value is computed before any update and so shows the weights alone: the "
+                       "optimizer, scheduler, data position and RNG show only from the second step (let the fault "
+                       f"land earlier in the run, or report digest_<part> metrics; {origin})",
+                       Diagnosis.TOO_FEW_FOLLOWED, evidence)
     steps = sorted({c["step"] for c in restarted})
     metrics = sorted({m for c in restarted for m in c["metrics"]})
     return Verdict(NAME, Status.PASS, f"{len(restarted)} report(s) of the restarted attempt(s) at steps "
                    f"{fmt(steps[0])}..{fmt(steps[-1])} followed the fault-free trajectory ({', '.join(metrics)}; rtol "
                    f"{rtol:g}; {origin})", None, evidence)
+
+
+def _followed_at_one_step(restarted: list[dict[str, Any]]) -> list[int]:
+    """The restarted attempts followed at fewer than two steps, with no digest of the whole
+    state compared: their one step shows only the weights (a step's loss comes before its
+    update), as state-restored's single re-done step does."""
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for c in restarted:
+        by_attempt.setdefault(c["attempt"], []).append(c)
+    return sorted(a for a, rows in by_attempt.items() if len({step_key(c["step"]) for c in rows}) < 2
+                  and not any(_whole_state(c["metrics"]) for c in rows))
+
+
+def _whole_state(metrics: list[str]) -> bool:
+    return bool(set(STATE_DIGEST_METRICS) & set(metrics)) or all(f"digest_{p}" in metrics for p in DIGEST_PARTS)
 
 
 def _divergence(row: dict[str, Any]) -> str:

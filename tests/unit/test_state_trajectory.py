@@ -179,3 +179,36 @@ def test_a_restarted_attempt_with_nothing_to_compare_is_not_vouched_for_by_an_ea
     s = reports(reports(s, 11, 14).fault().decision().start_attempt(), 11, 20)
     v = state_trajectory(s.finish().timeline(), baseline(), DET)
     assert v.status == "pass", v.line()
+
+
+def restarted_for(last, state=loss):
+    """Steps 1..19 (a checkpoint at 19 only), the fault, then the restart's steps 20..``last``
+    (loss only: no digests) by ``state``; the baseline runs to step 21."""
+    s = Script(state_metric="loss").start_attempt()
+    for st in range(1, 20):
+        s.report({0: st, 1: st}, "/storage/ck19" if st == 19 else None, {r: loss(r, st) for r in (0, 1)})
+    s.fault().decision().start_attempt()
+    for st in range(20, last + 1):
+        s.report({0: st, 1: st}, None, {r: state(r, st) for r in (0, 1)})
+    return s.finish().timeline()
+
+
+def base_to_21():
+    return Baseline("k21", trajectory={r: [[st, {"loss": loss(r, st)}] for st in range(1, 22)] for r in (0, 1)},
+                    job_id="chaos-base-21", made_at="2026-12-03T08:00:00")
+
+
+def test_a_restart_followed_at_its_first_step_only_shows_the_weights_alone():
+    # the restart's one report (step 20) has its loss from before any update: the weights;
+    # an optimizer that was not restored shows from the second step, which never came
+    v = state_trajectory(restarted_for(20), base_to_21(), DET)
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: too few steps followed", v.line()
+    assert "attempt(s) 1 reported one step" in v.message, v.line()
+
+
+def test_twin_a_restart_followed_at_two_steps_is_judged():
+    assert state_trajectory(restarted_for(21), base_to_21(), DET).status == "pass"
+    # and a second step that left the trajectory fails
+    v = state_trajectory(restarted_for(21, state=lambda r, st: loss(r, st) * (1.5 if st == 21 else 1)), base_to_21(),
+                         DET)
+    assert v.status == "fail" and v.diagnosis == "state not restored", v.line()
