@@ -35,6 +35,9 @@ class Attribution:
     # what each decision's evidence said (id of the decision -> its reading), claimed or not
     readings: dict[int, "_Reading"] = dataclasses.field(default_factory=dict)
     kinds: dict[str, str] = dataclasses.field(default_factory=dict)  # ledger (or group) id -> fault kind
+    # decisions of another Train run of the driver (one no fault hit) that a fault's evidence
+    # explains: its node still gone when that run started; no charge of the faulted run's
+    spilled: list[Event] = dataclasses.field(default_factory=list)
 
     def charges(self, key: str) -> list[Event]:
         return self.by_fault[key] if key in self.lasting else self.by_fault[key][:1]
@@ -354,9 +357,37 @@ def attribute(timeline: Timeline) -> Attribution:
             readings[j] = dataclasses.replace(seen, outcome="other", why=(
                 f"the fault before it ({g[0].data.get('fault')}) was already charged for attempt {charged_for}'s "
                 "failure, and a fault is charged once" if charged_for is not None else seen.why))
-    return Attribution(by_fault, consequential, unrelated, lasting, by_time,
-                       {id(decisions[j]): r for j, r in readings.items()},
-                       {k: g[0].data.get("fault") for k, g in zip(keys, groups)})
+    att = Attribution(by_fault, consequential, unrelated, lasting, by_time,
+                      {id(decisions[j]): r for j, r in readings.items()},
+                      {k: g[0].data.get("fault") for k, g in zip(keys, groups)})
+    _read_other_runs(timeline, groups, att)
+    return att
+
+
+def _read_other_runs(timeline: Timeline, groups: list[list[Event]], att: Attribution) -> None:
+    """The failure decisions of the driver's other Train runs (a warm-up or a later fit() that
+    no fault hit) are no fault's charge, and each is an unrelated failure unless what failed
+    shows the latest fault before it (its node still gone when that run started): those are
+    listed as the fault's spill-over, and one Ray recorded nothing about is no evidence."""
+    hit = set(faulted_runs(timeline))
+    every = timeline.of("failure_decision")
+    for d in (e for e in every if e.data.get("run_id") not in hit):
+        before = [g for g in groups if g[0].t - timeline.clock_uncertainty <= d.t]
+        run = d.data.get("run_id")
+        if not before:
+            att.unrelated.append(d)
+            att.readings[id(d)] = _Reading("other", f"it failed in Train run {run}, which no fault hit, before any "
+                                           "fault was injected")
+            continue
+        seen = _read(_failure_of(timeline, d, every), before[-1], timeline.clock_uncertainty)
+        where = f"in Train run {run}, which no fault hit"
+        att.readings[id(d)] = dataclasses.replace(seen, why=f"{seen.why} ({where})")
+        if seen.outcome == "other":
+            att.unrelated.append(d)
+        elif seen.outcome == "unknown":
+            att.by_time.append(d)
+        else:
+            att.spilled.append(d)
 
 
 def faulted_run_decisions(timeline: Timeline) -> list[Event]:

@@ -112,6 +112,9 @@ def _evidence(f: Facts, failure_config: dict[str, Any]) -> dict[str, Any]:
                            "error_types": d.data.get("error_types"), "error": _first_line(d.data.get("error"))}
                           | _reading_json(att, d) for d in att.unrelated],
             "attributed_why": {k: [_reading_json(att, d).get("why") for d in v] for k, v in att.by_fault.items()},
+            "other_runs_explained_by_a_fault": [{"run_id": d.data.get("run_id"), "attempt": d.attempt,
+                                                  "error_types": d.data.get("error_types")} | _reading_json(att, d)
+                                                 for d in att.spilled],
             "attributed_by_time_only": [{"attempt": d.attempt, "budget_class": d.data.get("budget_class"),
                                          "error_types": d.data.get("error_types")} | _reading_json(att, d)
                                         for d in att.by_time],

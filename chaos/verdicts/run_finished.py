@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.timeline import Event, Timeline
+from chaos.timeline import Event, Timeline, faulted_runs
 from chaos.verdicts import events
 from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.expect import Expect
@@ -35,11 +35,18 @@ def run_finished(timeline: Timeline, expect: Expect | None = None) -> Verdict:
     job_ended = timeline.first("job_finished")
     job = events.JobFinished.model_validate(job_ended.data) if job_ended is not None else None
     status = job.status if job else None
-    evidence = {"run_state": fin.state if fin else None, "job_status": status,
-                "error": (fin.error if fin else None) or (job.message if job else None)}
+    evidence: dict[str, Any] = {"run_state": fin.state if fin else None, "job_status": status,
+                                "error": (fin.error if fin else None) or (job.message if job else None)}
     if fin is None:
         return Verdict(NAME, Status.FAIL, "run did not finish: no final controller state was recorded "
                        f"(job status {status})", Diagnosis.RUN_DID_NOT_FINISH, evidence)
+    failed = _other_runs_failed(timeline)
+    if failed:
+        evidence["other_runs"] = [f.model_dump() for f in failed]
+        return Verdict(NAME, Status.FAIL, "run failed: " + "; ".join(
+            f"Train run {f.run_id}, a fit() no fault hit, ended {f.state}" + (f": {f.error}" if f.error else "")
+            for f in failed)
+            + f" (the run the faults hit ended {fin.state}, its job {status})", Diagnosis.RUN_FAILED, evidence)
     state = fin.state
     if expect.budget_exhausted:
         return _exhausted(state, status, evidence)
@@ -49,6 +56,14 @@ def run_finished(timeline: Timeline, expect: Expect | None = None) -> Verdict:
         return Verdict(NAME, Status.FAIL, f"run failed: training FINISHED but the job ended {status}: "
                        f"{evidence['error']}", Diagnosis.RUN_FAILED, evidence)
     return Verdict(NAME, Status.FAIL, f"run failed: ended {state}: {evidence['error']}", Diagnosis.RUN_FAILED, evidence)
+
+
+def _other_runs_failed(timeline: Timeline) -> list[events.RunFinished]:
+    """The driver's other Train runs (a warm-up or a later fit() no fault hit) that ended
+    otherwise than FINISHED: a driver that catches fit()'s error still ends SUCCEEDED."""
+    hit = set(faulted_runs(timeline))
+    ended = (events.RunFinished.model_validate(e.data) for e in timeline.of("run_finished"))
+    return [f for f in ended if f.run_id not in hit and f.state != "FINISHED"]
 
 
 def _exhausted(state: Any, status: Any, evidence: dict[str, Any]) -> Verdict:

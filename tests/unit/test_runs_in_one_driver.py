@@ -1,7 +1,6 @@
 """A driver that calls fit() more than once: every verdict judges the run it is about (the
 run the faults hit, each run's own restarts), on recorded timelines."""
 
-
 from chaos.verdicts import Expect
 from chaos.verdicts.budget import within_budget
 from chaos.verdicts.resume import resumed_from_latest
@@ -63,9 +62,19 @@ def test_a_later_fit_is_not_the_faulted_runs_recovery():
 
 
 def test_within_budget_judges_the_faulted_run_not_a_warm_up():
-    # a warm-up fit() that failed once and retried on its own, then the faulted run
+    # a warm-up fit() that failed once and retried on its own, then the faulted run: the
+    # warm-up's decision is no charge of the faulted run (its own budget), and — no fault
+    # explaining it — an unrelated failure, never left out
     s = Script(max_failures=3).start_attempt().steps(1, 3, every=None).decision(error="warm-up flake")
     s.start_attempt().steps(1, 3, every=None)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    s.new_run().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
+    v = within_budget(s.timeline(), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
+    assert "in Train run run1, which no fault hit, before any fault was injected" in v.message, v.line()
+    assert v.evidence["charged_by_faults"] == {"worker_group": 1}
+    # twin: a warm-up that failed nothing; the faulted run's charge as its own
+    s = Script(max_failures=3).start_attempt().steps(1, 3, every=None)
     s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
     s.new_run().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20).finish()
     v = within_budget(s.timeline(), EXPECT_ONE)
@@ -98,3 +107,42 @@ def test_an_evaluation_at_the_checkpoint_step_after_the_checkpoint_is_not_the_ne
     tl = (Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(13, 20).finish().timeline())
     [v] = resumed_from_latest(tl, DET)
     assert v.diagnosis == "resumed past the checkpoint", v.line()
+
+
+def faulted_then_another_fit(second_fails_with=None, second_ends="FINISHED"):
+    """Run 1 is hit by the fault and resumes; the driver then calls fit() again (run 2, no
+    fault), whose attempt 0 fails with ``second_fails_with`` (rank 0's error; None: nothing
+    fails) and which ends ``second_ends`` — the job succeeds either way (a driver that catches
+    fit()'s error)."""
+    s = Script().start_attempt().steps(1, 12).fault().decision().start_attempt().steps(11, 20)
+    s.events.append(s._e("recorder", "run_finished", state="FINISHED"))
+    s.new_run().start_attempt().steps(1, 7)
+    if second_fails_with is not None:
+        error, types = second_fails_with
+        s.worker_error({0: error}).decision("RETRY" if second_ends == "FINISHED" else "RAISE", error=error,
+                                          error_types=("WorkerGroupError", *types))
+        if second_ends == "FINISHED":
+            s.start_attempt().steps(6, 10)
+    s.events.append(s._e("recorder", "run_finished", state=second_ends))
+    s.events.append(s._e("harness", "job_finished", status="SUCCEEDED"))
+    return s.timeline()
+
+
+def test_a_failure_in_a_fit_no_fault_hit_is_an_unrelated_failure():
+    v = within_budget(faulted_then_another_fit(("ValueError: boom", ("ValueError",))), EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "unrelated failure", v.line()
+    assert "in Train run run2, which no fault hit" in v.message, v.line()
+    # twin: the later fit() fails nothing
+    assert within_budget(faulted_then_another_fit(), EXPECT_ONE).status == "pass"
+    # twin: its rank on the fault's node lost (the node still gone when it started) is the fault's
+    # spill-over, listed, and no charge of the run the faults hit
+    v = within_budget(faulted_then_another_fit(("ActorDiedError: the actor died", ("ActorDiedError",))), EXPECT_ONE)
+    assert v.status == "pass" and len(v.evidence["other_runs_explained_by_a_fault"]) == 1, v.line()
+
+
+def test_a_fit_no_fault_hit_that_errored_fails_the_run_though_its_job_succeeded():
+    v = run_finished(faulted_then_another_fit(("ValueError: boom", ("ValueError",)), second_ends="ERRORED"),
+                     EXPECT_ONE)
+    assert v.status == "fail" and v.diagnosis == "run failed", v.line()
+    assert "Train run run2, a fit() no fault hit, ended ERRORED" in v.message, v.line()
+    assert run_finished(faulted_then_another_fit(), EXPECT_ONE).status == "pass"  # twin: it finished
