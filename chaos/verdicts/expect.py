@@ -31,7 +31,8 @@ class Expect:
     # budget class -> failures the faults should charge (None: what each fault's kind costs)
     charged: Mapping[str, int] | None = None
     # fault kind -> the budget class each of its faults should be charged to (a kind left out: the
-    # catalog's; a kind mapped to None: none claimed, where the suite's own ``charged`` says otherwise)
+    # catalog's; a kind mapped to None: none claimed, where the suite's own ``charged`` does not name
+    # the kind's class)
     charge_by_kind: Mapping[str, str | None] | None = None
     budget_exhausted: bool = False
     slo_detect_s: float | None = None

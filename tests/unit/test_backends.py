@@ -425,9 +425,37 @@ def test_what_the_suite_says_overrides_what_the_faults_imply():
     e = chaos._expectation(chaos.expect(charged={"worker_group": 3}, budget_exhausted=True, slo_detect_s=9),
                            [(None, RayletKill())], USER)
     assert (e.charged, e.budget_exhausted, e.slo_detect_s) == ({"worker_group": 3}, True, 9)
-    assert e.charge_by_kind == {"raylet-kill": None}  # totals of its own: no class claimed per fault
+    assert e.charge_by_kind == {"raylet-kill": "worker_group"}  # totals of its own, in the kind's class: held
     same = chaos._expectation(chaos.expect(charged={"worker_group": 1}), [(None, RayletKill())], USER)
     assert same.charge_by_kind == {"raylet-kill": "worker_group"}  # what the kinds imply: each fault's class held
+    moved = chaos._expectation(chaos.expect(charged={"preemption": 1}), [(None, RayletKill())], USER)
+    assert moved.charge_by_kind == {"raylet-kill": None}  # totals in a class the kind does not cost: none claimed
+
+
+def test_a_suites_own_totals_keep_each_named_class_per_fault_so_a_swapped_pair_still_fails():
+    """A suite that expects fewer charges than its faults imply (one preemption absorbed)
+    names both classes: a raylet kill charged to the preemption budget and a preemption to
+    max_failures keep those totals, and each fault's own class still catches the swap."""
+    from chaos.faults.preempt import Preempt
+    from chaos.verdicts.budget import within_budget
+    from timelines import Script
+
+    chaos = chaos_with()
+    faults = [(None, RayletKill()), (None, Preempt(rank=1)), (None, Preempt(rank=0))]
+    e = chaos._expectation(chaos.expect(charged={"worker_group": 1, "preemption": 1}), faults, USER)
+    assert e.charge_by_kind == {"preempt": "preemption", "raylet-kill": "worker_group"}
+
+    def run(first, second):
+        s = Script().start_attempt().steps(1, 12)
+        s.fault(kind="raylet-kill").decision(budget_class=first, limit=3)
+        s.start_attempt().steps(11, 16).preemption().gone()
+        s.decision(budget_class=second, limit=3, error_types=("WorkerGroupError", "PreemptionError"))
+        s.start_attempt().steps(16, 22).preemption(node_id="n0").gone(node_id="n0")  # absorbed: no decision
+        return s.start_attempt().steps(21, 25).finish().timeline()
+
+    v = within_budget(run("preemption", "worker_group"), e)
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+    assert within_budget(run("worker_group", "preemption"), e).status == "pass"  # the twin
 
 
 def test_determinism_is_what_the_workload_declares_unless_the_suite_says():
