@@ -107,3 +107,22 @@ def test_exhaustion_count_must_be_limit_plus_one():
     v = within_budget(s.decision("RAISE", limit=0).finish("ERRORED").timeline(),
                       Expect(charged={"worker_group": 1}, budget_exhausted=True))
     assert v.status == "fail" and v.diagnosis == "unexpected number of charged failures"
+
+
+def two_kills_then_exhausted(first_class):
+    """Two raylet kills under max_failures=1: the first charged to ``first_class`` and retried,
+    the second exhausts max_failures (Ray raises at count 1 + the first's, if it went there)."""
+    s = Script(max_failures=1).start_attempt().steps(1, 12)
+    s.fault(kind="raylet-kill").decision(budget_class=first_class, limit=1 if first_class == "worker_group" else 2)
+    s.start_attempt().steps(11, 16).fault(kind="raylet-kill")
+    s.decision("RAISE", budget_class="worker_group", limit=1 if first_class == "worker_group" else 0)
+    return s.finish("ERRORED").timeline()
+
+
+def test_an_expected_exhaustion_does_not_hide_an_earlier_fault_charged_to_the_wrong_class():
+    e = Expect(budget_exhausted=True, charged={"worker_group": 2})
+    v = within_budget(two_kills_then_exhausted("preemption"), e)
+    assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
+    assert "the raylet-kill fault's failure (attempt 0) was charged to max_preemption_failures" in v.message
+    v = within_budget(two_kills_then_exhausted("worker_group"), e)  # the twin: both in their class
+    assert v.status == "expected" and "2 failures charged to max_failures=1" in v.message, v.line()
