@@ -131,20 +131,24 @@ def uploads(timeline: Timeline, run_id: str | None = None) -> list[Transfer]:
 
 
 def restores(timeline: Timeline, run_id: str | None = None) -> list[Transfer]:
-    """Each client's reads (GET, HEAD) of a checkpoint folder after its upload that fetched an
-    object of it (a GET): a restart's restore, ``ok`` when its last GET succeeded.  Reads that
-    fetch nothing — the controller's look at a folder before deleting it — are no restore."""
+    """Each client's reads (GET, HEAD) of a checkpoint folder's objects after its upload: a
+    restart's restore, ``ok`` when its last GET succeeded (one that failed at its first HEAD
+    fetched nothing).  A look at the folder itself — the controller's, before deleting it —
+    reads no object and is no restore."""
     written = {u.checkpoint: u.end for u in uploads(timeline, run_id)}
-    groups: dict[tuple[str, str], list[Event]] = {}
+    starts = sorted(a.t for a in timeline.attempts() if run_id is None or a.data.get("run_id") == run_id)
+    groups: dict[tuple[str, str, int], list[Event]] = {}
     for e in _requests(timeline, run_id):
         folder = e.data["checkpoint"]
         if e.data["method"] in ("GET", "HEAD") and folder in written and e.t >= written[folder]:
-            groups.setdefault((folder, e.data.get("client") or "?"), []).append(e)
+            attempt = sum(1 for t in starts if t <= e.t)  # each attempt's restore is one of its own
+            groups.setdefault((folder, e.data.get("client") or "?", attempt), []).append(e)
     out = []
-    for (folder, client), reqs in groups.items():
-        gets = [e for e in reqs if e.data["method"] == "GET" and "/" in e.data["key"].rstrip("/")]
-        if gets:
-            out.append(_transfer(folder, reqs, _ok(gets[-1]), client))
+    for (folder, client, _), reqs in groups.items():
+        reads = [e for e in reqs if "/" in e.data["key"].rstrip("/")]  # of an object, not of the folder
+        gets = [e for e in reads if e.data["method"] == "GET"]
+        if reads:
+            out.append(_transfer(folder, reqs, bool(gets) and _ok(gets[-1]), client))
     return sorted(out, key=lambda r: r.start)
 
 
