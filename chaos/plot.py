@@ -9,7 +9,8 @@ window shaded.  Below it, on the same time axis, the event markers in lanes of t
 band per source (fault, node agent, Ray nodes, storage, Train) — each label in the first row
 of its lane where it overlaps no other (measured text extents), so a chain of events a second
 apart stays readable; the storage lane shows each checkpoint's upload from its first request
-to its last, as the storage fault proxy saw it, and the storage faults' windows.
+to its last, as the storage fault proxy saw it, each attempt's restore of one, and the storage
+faults' windows.
 
 `plot_data` derives every number the picture shows, so tests can check the numbers
 without reading pixels; `render_timeline` only draws them.
@@ -124,6 +125,7 @@ class PlotData:
     # (attempt, rank) -> that rank's points, drawn instead of the attempt's single line
     ranks: dict[tuple[int, int], list[Point]] = dataclasses.field(default_factory=dict)
     uploads: list[Span] = dataclasses.field(default_factory=list)  # each checkpoint's upload (storage events)
+    restores: list[Span] = dataclasses.field(default_factory=list)  # each attempt's restore of one
     windows: list[Span] = dataclasses.field(default_factory=list)  # each storage fault's window
 
 
@@ -158,6 +160,7 @@ def plot_data(timeline: Timeline) -> PlotData:
         end_x=end_x,
         ranks=dict(sorted(ranks.items())),
         uploads=_uploads(timeline, t0),
+        restores=_restores(timeline, t0),
         windows=_windows(timeline, t0, end_x),
     )
 
@@ -171,6 +174,18 @@ def _uploads(timeline: Timeline, t0: float) -> list[Span]:
              for r in timeline.reports() if r.data.get("checkpoint")}
     return [Span(u.start - t0, u.end - t0, f"step {steps[u.checkpoint]}" if u.checkpoint in steps else
                  "upload failed" if not u.ok else "not committed", u.ok) for u in uploads(timeline)]
+
+
+def _restores(timeline: Timeline, t0: float) -> list[Span]:
+    """Each attempt's restore of a checkpoint (a client's reads of its objects), named by the
+    step it was committed at; a failed one says so."""
+    from chaos.storage.events import restores
+
+    steps = {str(r.data["checkpoint"]).rstrip("/").rsplit("/", 1)[-1]: r.data.get("step")
+             for r in timeline.reports() if r.data.get("checkpoint")}
+    return [Span(r.start - t0, r.end - t0, ("restore failed" if not r.ok else
+                                            f"restore step {steps.get(r.checkpoint, '?')}"), r.ok)
+            for r in restores(timeline)]
 
 
 def _windows(timeline: Timeline, t0: float, end_x: float) -> list[Span]:
@@ -319,7 +334,8 @@ class _Label:
 
 def _lane_labels(data: PlotData, lane: str) -> list[_Label]:
     if lane == "storage":
-        return sorted([_Label(u.x0, u.label, "tab:green" if u.ok else "tab:red") for u in data.uploads],
+        spans = [(u, "tab:green") for u in data.uploads] + [(r, "tab:blue") for r in data.restores]
+        return sorted([_Label(sp.x0, sp.label, colour if sp.ok else "tab:red") for sp, colour in spans],
                       key=lambda lab: lab.x)
     return [_Label(m.x, m.label, MARKER_STYLE[m.kind]["color"]) for m in data.markers if m.lane == lane]
 
@@ -376,13 +392,16 @@ def _draw_lanes(ax, data: PlotData, lanes: list[str], rows: dict[str, list[list]
 
 
 def _draw_storage(ax, data: PlotData, y: float, height: float) -> None:
-    """The storage faults' windows shaded, each upload a bar from its first request to its last
-    (at least a few pixels wide: a small checkpoint uploads in milliseconds)."""
+    """The storage faults' windows shaded, each upload (and, hatched, each restore) a bar from
+    its first request to its last (at least a few pixels wide: a small checkpoint moves in
+    milliseconds); red where it failed."""
     for w in data.windows:
         ax.fill_between([w.x0, w.x1], y, y + height, color="tab:red", alpha=0.15, linewidth=0)
     span = max((data.end_x or 1.0), 1.0) / 400
-    for u in data.uploads:
-        ax.broken_barh([(u.x0, max(u.x1 - u.x0, span))], (y + 0.05, 0.25), color="tab:green" if u.ok else "tab:red")
+    for spans, colour in ((data.uploads, "tab:green"), (data.restores, "tab:blue")):
+        for u in spans:
+            ax.broken_barh([(u.x0, max(u.x1 - u.x0, span))], (y + 0.05, 0.25), color=colour if u.ok else "tab:red",
+                           hatch=None if colour == "tab:green" else "//")
 
 
 def _nan_if_none(step: int | None) -> float:

@@ -188,11 +188,15 @@ def test_the_storage_lane_shows_each_upload_and_the_fault_window(tmp_path):
         Event(102.0, "fault", "fault_injected", {"fault": "storage-errors", "ledger_id": "f1"}),
         req(103.0, "PUT", "checkpoint_b/state.pt", 503), req(104.0, "PUT", "checkpoint_b/state.pt", 503),
         Event(108.0, "fault", "storage_window_ended", {"fault": "storage-errors", "ledger_id": "f1", "started": 103.0}),
+        Event(110.0, "recorder", "attempt_started", {"attempt": 1, "run_id": "r"}),
+        req(111.0, "GET", "checkpoint_a/state.pt", 206),
         Event(130.0, "recorder", "run_finished", {"state": "FINISHED", "run_id": "r"})])
     data = plot_data(tl)
     assert [(u.x0, u.label, u.ok) for u in data.uploads] == [(1.0, "step 5", True), (3.0, "upload failed", False)]
     assert [(w.x0, w.x1, w.label) for w in data.windows] == [(3.0, 8.0, "storage-errors window")]
+    assert [(r.x0, r.label, r.ok) for r in data.restores] == [(11.0, "restore step 5", True)]
     from chaos.plot import build_figure
 
-    assert {text for lane, text, _ in lane_texts(build_figure(tl)) if lane == "storage"} == {"step 5", "upload failed"}
+    assert {text for lane, text, _ in lane_texts(build_figure(tl)) if lane == "storage"} == {
+        "step 5", "upload failed", "restore step 5"}
     assert_png(render_timeline(tl, tmp_path / "storage.png", title="storage errors"))
