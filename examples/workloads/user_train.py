@@ -23,6 +23,11 @@ the classic mistakes the harness must catch.
                           evaluate-on-resume shape, a correct resume
     --restore-step-only   (implies --learn) loads the step but not the weights and the
                           optimizer: the state was lost
+    --optimizer-in-tmp    (implies --learn) keeps the optimizer's state out of the checkpoint, in a
+                          file on rank 0's node (/tmp/<run>-opt.pt), which every rank loads on a
+                          restore if it is there (else starts the optimizer afresh, saying so):
+                          right where every node shares one filesystem; without one, a restart on
+                          two nodes finds it on one at most, and that state is lost
     --initial-checkpoint  hands Train the initial weights as a checkpoint before the first
                           step, in a report without a step (there is none yet)
     --step-time S         seconds per step (default 0.3)
@@ -106,7 +111,10 @@ def loop(config):
             start = saved["step"]
             if learn and not config["restore_step_only"]:
                 model.load_state_dict(saved["model"])
-                opt.load_state_dict(saved["opt"])
+                if config["optimizer_in_tmp"]:
+                    restore_node_local_optimizer(opt, config["run_dir"], rank)
+                else:
+                    opt.load_state_dict(saved["opt"])
     if config["initial_checkpoint"] and ckpt is None:
         report_with_checkpoint({}, 0, model, opt, rank)
     if start and config["evaluate_after_restore"]:
@@ -146,11 +154,14 @@ def loop(config):
         saves = step % (10 if doubled else 5) == 0 and not config["no_checkpoint"] and not config["save_at_top"]
         if config["report_at_checkpoints_only"] and not saves:
             continue
+        if saves and config["optimizer_in_tmp"] and rank == 0:
+            torch.save(opt.state_dict(), node_local_optimizer(config["run_dir"]))
+        kept = None if config["optimizer_in_tmp"] else opt  # what the checkpoint holds besides the weights
         if saves and config["checkpoint_before_metrics"]:
-            report_with_checkpoint({}, step, model, opt, rank)
+            report_with_checkpoint({}, step, model, kept, rank)
             ray.train.report(metrics)
         elif saves:
-            report_with_checkpoint(metrics, step, model, opt, rank, config["slow_checkpoint_report"])
+            report_with_checkpoint(metrics, step, model, kept, rank, config["slow_checkpoint_report"])
             if step == config["hold_after_checkpoint"] and not start:
                 time.sleep(20)
         else:
@@ -162,7 +173,8 @@ def report_with_checkpoint(metrics, step, model, opt, rank, slow_upload_s=0.0):
     With ``slow_upload_s`` the other ranks hand Train a shard too, uploaded that slowly."""
     with tempfile.TemporaryDirectory() as d:
         if rank == 0:
-            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(d, "s.pt"))
+            state = {"step": step, "model": model.state_dict(), **({"opt": opt.state_dict()} if opt else {})}
+            torch.save(state, os.path.join(d, "s.pt"))
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
         elif slow_upload_s:
             with open(os.path.join(d, f"shard-{rank}.txt"), "w") as out:
@@ -171,6 +183,19 @@ def report_with_checkpoint(metrics, step, model, opt, rank, slow_upload_s=0.0):
                              checkpoint_upload_fn=lambda ckpt, name: slow_upload(ckpt, name, slow_upload_s))
         else:
             ray.train.report(metrics)
+
+
+def node_local_optimizer(run_dir):
+    """The buggy shape's file: on the node's own disk, outside the checkpoint."""
+    return f"/tmp/{os.path.basename(run_dir)}-opt.pt"
+
+
+def restore_node_local_optimizer(opt, run_dir, rank):
+    path = node_local_optimizer(run_dir)
+    if os.path.exists(path):
+        opt.load_state_dict(torch.load(path))
+    else:
+        print(f"rank {rank}: no optimizer state at {path}: starting the optimizer afresh", flush=True)
 
 
 def slow_upload(checkpoint, dir_name, seconds):
@@ -201,7 +226,7 @@ if __name__ == "__main__":
                  "--initial-checkpoint", "--report-at-checkpoints-only", "--no-checkpoint", "--warmup-fit",
                  "--double-stride-after-restore", "--crash-on-preemption-notice", "--restore-newest-folder",
                  "--hang-after-fit", "--relax-collectives", "--survivors-checkpoint-on-notice", "--leak-actor",
-                 "--checkpoint-before-metrics", "--save-at-top", "--skip-restored-step"):
+                 "--checkpoint-before-metrics", "--save-at-top", "--skip-restored-step", "--optimizer-in-tmp"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--metric", default="step")
     p.add_argument("--max-failures", type=int, default=3)
@@ -223,9 +248,9 @@ if __name__ == "__main__":
               "retrain_checkpoint_step": a.retrain_checkpoint_step, "epoch_steps": a.epoch_steps,
               "no_step_after_restore": a.no_step_after_restore,
               "learn": a.learn or a.evaluate_after_restore or a.restore_step_only or a.checkpoint_before_metrics
-              or a.save_at_top,
+              or a.save_at_top or a.optimizer_in_tmp,
               "checkpoint_before_metrics": a.checkpoint_before_metrics, "save_at_top": a.save_at_top,
-              "skip_restored_step": a.skip_restored_step,
+              "skip_restored_step": a.skip_restored_step, "optimizer_in_tmp": a.optimizer_in_tmp,
               "evaluate_after_restore": a.evaluate_after_restore, "restore_step_only": a.restore_step_only,
               "initial_checkpoint": a.initial_checkpoint, "step_time": a.step_time,
               "report_at_checkpoints_only": a.report_at_checkpoints_only, "no_checkpoint": a.no_checkpoint,

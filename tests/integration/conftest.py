@@ -42,3 +42,31 @@ def standin(_standin_cluster):
     ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"]).wait_alive_workers(
         len(data["hosts"]["overrides"]), timeout=180)
     return d, profile
+
+
+@pytest.fixture(scope="session")
+def _no_shared_fs_standin(tmp_path_factory):
+    """The foreign-cluster stand-in without a shared filesystem: machines that share nothing,
+    checkpoints on S3 only (moto behind the storage fault proxy on the bridge's address)."""
+    d = tmp_path_factory.mktemp("no-shared-fs")
+    profile = d / "profile.yaml"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "chaos.embedded", *a, "--dir", str(d / "cluster")],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=300)
+    up = run("up", "--foreign", "--no-shared-fs", "--profile-out", str(profile))
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield d, profile
+    down = run("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture
+def no_shared_fs(_no_shared_fs_standin):
+    """The stand-in without a shared filesystem, every worker alive again; (dir, profile, its S3
+    storage path, the environment a session needs: the credentials' values its profile names)."""
+    from chaos.storage.local import CREDENTIALS
+
+    d, profile = _no_shared_fs_standin
+    data = load_yaml(profile.read_text())
+    ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"]).wait_alive_workers(
+        len(data["safety"]["allowlist"]), timeout=180)
+    return d, profile, data["storage"]["path"], dict(CREDENTIALS)

@@ -21,16 +21,18 @@ WORKLOADS = ROOT / "examples" / "workloads"
 RAYLET_KILL = "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"
 
 
-def run_session(profile, reports, workload, *extra, tape, timeout=900):
+def run_session(profile, reports, workload, *extra, tape, timeout=900, env=None):
     """The raylet-kill suite (fault after checkpoint 2) with ``workload`` through ``profile``
     (None: on its own embedded cluster, which must leave no process behind): exit code and
     output.  A session past ``timeout`` gets SIGTERM (it reverts its faults on the way out) and
-    fails the test; every fault it injected must be reverted either way."""
+    fails the test; every fault it injected must be reverted either way.  ``env``: added to
+    the session's environment (e.g. the S3 credentials a profile names)."""
     cluster = ["--chaos-profile", str(profile)] if profile else []
     cmd = [sys.executable, "-m", "pytest", "-m", "chaos", RAYLET_KILL, "-p", "no:cacheprovider", "-q", "-s",
            *cluster, "--chaos-workload", workload, "--chaos-workload-dir", str(WORKLOADS),
            "--chaos-reports", str(reports), "--chaos-tape", *extra]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, **(env or {})})
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -218,3 +218,42 @@ def test_crash_loop_under_an_unlimited_budget_is_a_finding(standin, tmp_path):
     assert code == 1, out[-4000:]
     assert "crash loop: 3 failures in a row without a step beyond" in out, out[-4000:]
     assert "could not load the checkpoint" in out, out[-4000:]
+
+
+def run_without_shared_fs(no_shared_fs, tmp_path, workload_args, *extra):
+    """The raylet-kill suite through the stand-in that shares no filesystem, its checkpoints on
+    S3 (``--storage`` the profile's bucket): the script runs with the nodes' own Python, and the
+    session gets the S3 credentials the profile names in its environment.  No tape: the
+    controller writes it on the head node, which shares no file with this machine."""
+    _, profile, storage, env = no_shared_fs
+    workload = f"python user_train.py --storage {storage} {workload_args}"
+    return run_session(profile, tmp_path / "reports", workload, "--chaos-raylet-kill", "sigkill", *extra,
+                       tape=None, env=env)
+
+
+@pytest.mark.integration
+def test_optimizer_kept_on_a_node_passes_on_a_shared_filesystem(standin, tmp_path):
+    """The optimizer's state in rank 0's node's /tmp, outside the checkpoint: on the shared
+    stand-in every node sees this machine's /tmp, so the restart finds it whatever node it lands
+    on — the bug is hidden there, as on a cluster with a shared home directory."""
+    code, out = run_suite(standin, tmp_path, "--optimizer-in-tmp", "--chaos-deterministic", tape=None)
+    assert code == 0, out[-4000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in out, out[-4000:]
+
+
+@pytest.mark.integration
+def test_optimizer_kept_on_a_node_fails_without_a_shared_filesystem(no_shared_fs, tmp_path):
+    """The same script where nodes share nothing: the restart runs its ranks on two nodes and at
+    most one of them holds the file, so a rank's optimizer starts afresh — state not restored."""
+    code, out = run_without_shared_fs(no_shared_fs, tmp_path, "--optimizer-in-tmp", "--chaos-deterministic")
+    assert code == 1, out[-4000:]
+    assert "state not restored" in out, out[-4000:]
+    assert "storage: " in out and "S3 requests of the run" in out, "the checkpoints did not go to S3"
+
+
+@pytest.mark.integration
+def test_optimizer_in_the_checkpoint_passes_without_a_shared_filesystem(no_shared_fs, tmp_path):
+    """The healthy twin: the optimizer in the checkpoint, on S3, restored on any node."""
+    code, out = run_without_shared_fs(no_shared_fs, tmp_path, "--learn", "--chaos-deterministic")
+    assert code == 0, out[-4000:]
+    assert "resumed at step 11, right after the latest checkpoint (step 10)" in out, out[-4000:]
