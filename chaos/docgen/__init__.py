@@ -1,8 +1,9 @@
 """Reference pages generated from the code (``python -m chaos.docgen``): the fault kinds,
-the verdicts' diagnoses, the ``--chaos-*`` options, every profile field and the Python API,
-written to docs/reference/.  Hand-written tables drifted from the code they described (a
-profile doc missing three sections the examples used); a generated page cannot, and
-tests/unit/test_docgen.py fails when the committed pages differ from what the code gives.
+the verdicts' diagnoses, the ``--chaos-*`` options, the ``ray-chaos`` command, every profile
+field and the Python API, written to docs/reference/.  Hand-written tables drifted from the
+code they described (a profile doc missing three sections the examples used); a generated
+page cannot, and tests/unit/test_docgen.py fails when the committed pages differ from what
+the code gives.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from chaos.docgen import api, diagnoses, faults, options, profile
+from chaos.docgen import api, cli, diagnoses, faults, options, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "reference"
@@ -21,6 +22,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "fault-kinds.md": faults.render,
     "diagnoses.md": diagnoses.render,
     "options.md": options.render,
+    "cli.md": cli.render,
     "profile.md": profile.render,
     "python-api.md": api.render,
 }

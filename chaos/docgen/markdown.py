@@ -58,3 +58,20 @@ def paragraphs(text: str) -> str:
 
 
 BULLET = re.compile(r"^\s*([-*]|\([a-z0-9]\)) ")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """Every fenced code block of a Markdown text: (its info string, e.g. ``python``, and its
+    body), fences paired in order (a pattern that skips some openings would pair a block's
+    closing fence with the next block's opening)."""
+    blocks, info, body = [], None, []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            if info is None:
+                info, body = line[3:].strip(), []
+            else:
+                blocks.append((info, "".join(body)))
+                info = None
+        elif info is not None:
+            body.append(line)
+    return blocks

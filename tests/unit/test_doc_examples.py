@@ -8,12 +8,12 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import re
 from pathlib import Path
 
 import pytest
 
 from chaos import triggers
+from chaos.docgen.markdown import fenced_blocks
 from chaos.experiment import Outcome
 from chaos.faults import catalog
 from chaos.faults.registry import fault_class
@@ -23,7 +23,6 @@ from chaos.train.run import reference_spec
 ROOT = Path(__file__).resolve().parents[2]
 # docs/reference/ shows signatures, generated from the functions themselves (test_docgen.py)
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.parent.name != "reference")]
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
 
 def _signature(owner: str, name: str) -> inspect.Signature | None:
@@ -75,7 +74,7 @@ def misbound(source: str) -> list[str]:
 
 def examples() -> list[tuple[str, str]]:
     return [(f"{p.relative_to(ROOT)}#{i}", block) for p in PAGES
-            for i, block in enumerate(BLOCK.findall(p.read_text()))]
+            for i, block in enumerate(b for info, b in fenced_blocks(p.read_text()) if info == "python")]
 
 
 @pytest.mark.parametrize(("where", "source"), examples(), ids=[w for w, _ in examples()])

@@ -7,7 +7,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from chaos import docgen
-from chaos.docgen import options, profile
+from chaos.docgen import cli, options, profile
 from chaos.profile.models import Profile
 
 
@@ -53,3 +53,13 @@ def test_a_profile_field_without_a_description_stops_the_generator():
         profile._section(profile.Section(Undocumented, ["(top)"]), {Undocumented: "(top)"})
     ray = Profile.model_fields["ray"].annotation
     assert "| `dashboard_url` |" in profile._section(profile.Section(ray, ["ray"]), {ray: "`ray`"})
+
+
+def test_every_ray_chaos_subcommand_answers_help(monkeypatch):
+    page = cli.render()
+    assert cli.subcommands() and all(f"## `ray-chaos {c}`\n\n```\nusage: ray-chaos {c} " in page
+                                     for c in cli.subcommands())
+    real = cli.help_text
+    monkeypatch.setattr(cli, "help_text", lambda *a: "" if a == ("sweep",) else real(*a))
+    with pytest.raises(ValueError, match="ray-chaos sweep: --help prints no usage"):
+        cli.render()

@@ -12,7 +12,7 @@ import pytest
 from chaos.docgen.markdown import slug
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
@@ -51,3 +51,10 @@ def test_a_link_to_a_missing_file_or_heading_is_found(tmp_path):
     page.write_text("[ok](other.md#a-heading) [gone](missing.md) [no](other.md#nowhere) [web](https://x.org/a)\n"
                     "```\n[in a fence](ignored.md)\n```\n")
     assert [b.split(":")[0] for b in broken_links(page)] == ["missing.md", "other.md#nowhere"]
+
+
+def test_fenced_blocks_pair_each_opening_with_its_own_closing():
+    from chaos.docgen.markdown import fenced_blocks
+
+    text = "```python\nx = 1\n```\nprose --profile p.yaml\n```\nray-chaos sweep --profile p.yaml\n```\n"
+    assert fenced_blocks(text) == [("python", "x = 1\n"), ("", "ray-chaos sweep --profile p.yaml\n")]
