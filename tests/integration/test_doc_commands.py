@@ -98,7 +98,8 @@ def _assert_it_did_its_work(command: str, out: str, work: Path) -> None:
     if command.startswith("ray-chaos sweep"):
         assert "nothing left armed" in out, out[-3000:]
     elif "--chaos-dry-run" in command:
-        assert "DRY RUN" in out and re.search(r"\b1 skipped\b", out), out[-6000:]
+        assert "DRY RUN plan of" in out and "eligible now (3): " in out and re.search(r"\b1 skipped\b", out), \
+            out[-6000:]
     elif command.startswith("ray-chaos run"):
         assert re.search(r"^PASSED \S+::test_raylet_kill_with_spare_capacity$", out, re.M), out[-6000:]
     elif command.startswith("pytest"):
