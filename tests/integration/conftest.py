@@ -70,3 +70,20 @@ def no_shared_fs(_no_shared_fs_standin):
     ClusterView(data["ray"]["dashboard_url"], data["ray"]["gcs_address"]).wait_alive_workers(
         len(data["safety"]["allowlist"]), timeout=180)
     return d, profile, data["storage"]["path"], dict(CREDENTIALS)
+
+
+@pytest.fixture(scope="session")
+def foreign_standin(tmp_path_factory):
+    """A cluster the harness did not start (chaos/embedded/foreign.py, 3 workers), for the
+    tests that run documented commands and recipes from a runner outside it."""
+    from chaos.embedded.foreign import ForeignCluster, ForeignConfig
+    from chaos.embedded.testhost import testhosts_supported
+
+    supported, why = testhosts_supported()
+    if not supported:
+        pytest.skip(f"the foreign-cluster stand-in's machines are test hosts, which are not possible here: {why}")
+    cluster = ForeignCluster(ForeignConfig(workers=3, base_dir=tmp_path_factory.mktemp("foreign") / "cluster")).up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
