@@ -27,10 +27,10 @@ from test_partition_heal import FAKE_IPTABLES
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory):
+def local(tmp_path_factory, local_ports):
     from chaos.storage.local import LocalStorage
 
-    ls = LocalStorage("127.0.0.1", tmp_path_factory.mktemp("s3"), free_port).start()
+    ls = LocalStorage("127.0.0.1", tmp_path_factory.mktemp("s3"), local_ports).start()
     yield ls
     ls.stop()
 
@@ -137,7 +137,7 @@ def test_a_revert_lifts_an_armed_rule_and_the_sweep_lifts_a_left_one(local):
     assert StorageErrors.sweep(plan2, backend) is True and admin.rules() == []
     assert StorageErrors.sweep(plan2, backend) is False  # twin: nothing left
     inj2.handles["stop"].set()
-    assert StorageErrors.sweep({**plan2, "admin_url": f"http://127.0.0.1:{free_port()}"}, backend) is False
+    assert StorageErrors.sweep({**plan2, "admin_url": f"http://127.0.0.1:{free_port(range(64990, 65000))}"}, backend) is False
 
 
 @pytest.fixture
