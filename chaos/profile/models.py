@@ -633,8 +633,12 @@ class ReferenceWorkload(_Model):
     """A checkpoint every N steps (at most `steps`)."""
     step_time: float = Field(0.3, ge=0)
     """Seconds per step."""
-    num_workers: int = Field(2, ge=1)
-    """Ray Train workers (ranks)."""
+    num_workers: int | tuple[int, int] = 2
+    """Ray Train workers (ranks): N, or `[min, max]` for an elastic run (`ScalingConfig(num_workers=(min, max))`:
+    Train starts as many as the cluster has room for, and grows back when it can)."""
+    resize_interval_s: Seconds | None = None
+    """Elastic run only: seconds between Train's checks whether a healthy group can grow
+    (`ScalingConfig.elastic_resize_monitor_interval_s`; unset: Ray's default, 60)."""
     max_failures: int = Field(3, ge=-1)
     """`FailureConfig(max_failures)`; -1: unlimited."""
     max_preemption_failures: int = Field(-1, ge=-1)
@@ -647,6 +651,26 @@ class ReferenceWorkload(_Model):
         if self.checkpoint_every > self.steps:
             raise ValueError(f"checkpoint_every ({self.checkpoint_every}) > steps ({self.steps}): "
                              f"the run would never commit a checkpoint to resume from")
+        return self
+
+    @field_validator("num_workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        """One clear message for every wrong shape (a union's per-branch errors are not)."""
+        counts = list(v) if isinstance(v, (list, tuple)) else [v]
+        whole = all(isinstance(c, int) and not isinstance(c, bool) for c in counts)
+        if not whole or len(counts) != (2 if isinstance(v, (list, tuple)) else 1):
+            raise ValueError(f"{v!r}: give a number of workers N, or [min, max] for an elastic run")
+        if min(counts) < 1:
+            raise ValueError(f"{v!r}: must be greater than or equal to 1")
+        if counts[0] > counts[-1]:
+            raise ValueError(f"{v!r}: an elastic run's [min, max] needs min <= max")
+        return v
+
+    @model_validator(mode="after")
+    def _resize_when_elastic(self) -> "ReferenceWorkload":
+        if self.resize_interval_s is not None and not isinstance(self.num_workers, tuple):
+            raise ValueError("resize_interval_s applies to an elastic run only: give num_workers as [min, max]")
         return self
 
 

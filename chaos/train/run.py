@@ -53,18 +53,32 @@ class RunSpec:
 
 
 def reference_spec(name: str, storage_path: str, *, steps: int = 30, checkpoint_every: int = 5,
-                   step_time: float = 0.3, num_workers: int = 2, max_failures: int = 3,
+                   step_time: float = 0.3, num_workers: int | tuple[int, int] = 2, max_failures: int = 3,
                    max_preemption_failures: int = -1, device: str = "cpu", seed: int = 0,
                    checkpoint_on_preemption: bool = False, forget: tuple[str, ...] = (),
-                   python: str = sys.executable) -> RunSpec:
-    """``forget``: the buggy twins, a restore that leaves these parts of the state fresh
-    (reference.PARTS).  ``python``: the interpreter the entrypoint runs with on the cluster's
-    head (its backend's: this one on the embedded cluster, the node's own on a profile's)."""
-    params = dict(steps=steps, checkpoint_every=checkpoint_every, step_time=step_time, num_workers=num_workers,
+                   resize_interval_s: float | None = None, python: str = sys.executable) -> RunSpec:
+    """``num_workers``: N ranks, or ``(min, max)`` for an elastic run that Train sizes to the
+    capacity at each start and checks every ``resize_interval_s`` for room to grow (Ray's
+    default 60 s).  ``forget``: the buggy twins, a restore that leaves these parts of the
+    state fresh (reference.PARTS).  ``python``: the interpreter the entrypoint runs with on
+    the cluster's head (its backend's: this one on the embedded cluster, the node's own on a
+    profile's)."""
+    elastic = isinstance(num_workers, (tuple, list))
+    if elastic and not (len(num_workers) == 2 and 1 <= num_workers[0] <= num_workers[1]):
+        raise WorkloadError(f"num_workers={num_workers!r}: an elastic run needs (min, max) with 1 <= min <= max")
+    if resize_interval_s is not None and (not elastic or resize_interval_s < 0):
+        raise WorkloadError(f"resize_interval_s={resize_interval_s!r}: only an elastic run (num_workers=(min, max)) "
+                            "resizes, and the interval is >= 0 seconds")
+    params = dict(steps=steps, checkpoint_every=checkpoint_every, step_time=step_time,
+                  num_workers="-".join(map(str, num_workers)) if elastic else num_workers,
                   max_failures=max_failures, max_preemption_failures=max_preemption_failures, device=device,
                   seed=seed, checkpoint_on_preemption=int(checkpoint_on_preemption))
+    if resize_interval_s is not None:
+        params["resize_interval"] = resize_interval_s
     args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in params.items())
     args += "".join(f" --forget {shlex.quote(part)}" for part in forget)
+    if elastic:
+        params["num_workers"] = list(num_workers)
     if forget:
         params["forget"] = list(forget)
     params["python"] = python

@@ -431,6 +431,21 @@ def test_reference_workload_checks(tmp_path):
                    "greater than or equal to 1")
 
 
+def test_an_elastic_reference_workload_takes_min_and_max_and_a_resize_interval(tmp_path):
+    ok = MINIMAL + "workload:\n  reference:\n    num_workers: [2, 4]\n    resize_interval_s: 10\n"
+    path = tmp_path / "ok.yaml"
+    path.write_text(ok)
+    reference = load_profile(path).workload.reference
+    assert (reference.num_workers, reference.resize_interval_s) == ((2, 4), 10.0)
+    staging = tmp_path / "staging.yaml"
+    for value, problem in (("[4, 2]", "needs min <= max"), ("[0, 2]", "greater than or equal to 1"),
+                           ("[1, 2, 3]", "give a number of workers N, or [min, max]")):
+        text = MINIMAL + f"workload:\n  reference:\n    num_workers: {value}\n"
+        assert_problem(error_of(tmp_path, text), staging, 9, "workload.reference.num_workers", problem)
+    text = MINIMAL + "workload:\n  reference:\n    num_workers: 3\n    resize_interval_s: 10\n"
+    assert_problem(error_of(tmp_path, text), staging, 8, "workload.reference", "applies to an elastic run only")
+
+
 # -- faults ---------------------------------------------------------------------------------
 def test_unknown_fault_kind_names_known_ones(tmp_path):
     text = MINIMAL + "faults:\n  raylet_kill: {slo_detect_s: 5}\n  gpu-melt: {}\n"

@@ -13,6 +13,12 @@ final-state verdict) and ``digest_<part>`` of the state the step *began* from, s
 trajectory verdict can name the part a restore lost.  ``--forget PART`` is the buggy twin:
 a restore that leaves that part fresh.
 
+``--num-workers MIN-MAX`` runs it elastic (``ScalingConfig(num_workers=(min, max))``): Train
+sizes the worker group to the capacity it finds at each start, and every
+``--resize-interval`` seconds checks whether a healthy group can grow.  Each rank's batch
+follows the data cursor and its rank, and the cursor advances by every rank's batch, so a
+checkpoint taken at one world size restores at another.
+
 ``--device stub-cuda`` makes every training step also go through the CUDA driver API
 (via chaos.shim.driver_client, the way libcudart does), so the CUDA fault shim can
 fail a step on machines without a GPU; ``--device cuda`` trains on real GPUs.
@@ -213,12 +219,28 @@ def train_loop(config: dict) -> None:
             ray.train.report(metrics)
 
 
+def worker_count(text: str) -> int | tuple[int, int]:
+    """``--num-workers``: ``N`` (a fixed group) or ``MIN-MAX`` (an elastic one)."""
+    low, sep, high = text.partition("-")
+    try:
+        counts = (int(low), int(high)) if sep else (int(text),)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or MIN-MAX, e.g. 3 or 2-3") from None
+    if min(counts) < 1 or counts[0] > counts[-1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: workers must be >= 1, and MIN <= MAX")
+    return counts if sep else counts[0]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-every", type=int, default=5)
     p.add_argument("--step-time", type=float, default=0.3)
-    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--num-workers", type=worker_count, default=2, metavar="N|MIN-MAX",
+                   help="ranks: N, or MIN-MAX for an elastic run (Train starts as many as the cluster has room for)")
+    p.add_argument("--resize-interval", type=float, default=None, metavar="S",
+                   help="elastic run: seconds between Train's checks whether a healthy group can grow "
+                        "(ScalingConfig.elastic_resize_monitor_interval_s; Ray's default 60)")
     p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--max-preemption-failures", type=int, default=-1)
     p.add_argument("--storage-path", required=True)
@@ -239,13 +261,14 @@ def main(argv=None) -> None:
     # gloo even on GPUs: the embedded GPU path may put several ranks on one shared GPU, which NCCL refuses.
     torch_config = TorchConfig(backend="gloo", **({"timeout_s": int(float(timeout))} if timeout else {}))
 
+    elastic = {} if args.resize_interval is None else {"elastic_resize_monitor_interval_s": args.resize_interval}
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"steps": args.steps, "checkpoint_every": args.checkpoint_every,
                            "step_time": args.step_time, "device": args.device, "seed": args.seed,
                            "checkpoint_on_preemption": bool(args.checkpoint_on_preemption),
                            "forget": args.forget},
-        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda"),
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.device == "cuda", **elastic),
         torch_config=torch_config,
         run_config=RunConfig(
             name=args.name,
