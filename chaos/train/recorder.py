@@ -63,6 +63,14 @@ def error_types(error: BaseException | None) -> list[str]:
     return [type(error).__name__, *sorted({type(c).__name__ for c in causes if c is not None})]
 
 
+def elastic_range(scaling_config) -> dict | None:
+    """An elastic run's worker range and resize interval (None for a fixed group)."""
+    if not getattr(scaling_config, "elasticity_enabled", False):
+        return None
+    return {"min_workers": scaling_config.min_workers, "max_workers": scaling_config.max_workers,
+            "resize_interval_s": scaling_config.elastic_resize_monitor_interval_s}
+
+
 def node_logs_dir() -> str:
     """The Ray logs directory of the node this process runs on (no public API says it)."""
     import ray._private.worker
@@ -174,6 +182,7 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
                    run_id=getattr(train_run_context, "run_id", None) or uuid.uuid4().hex,
                    run_name=run_config.name, storage_path=run_config.storage_path,
                    num_workers=getattr(train_run_context.scaling_config, "num_workers", None),
+                   elastic=elastic_range(train_run_context.scaling_config),
                    failure_config={**{f: getattr(fc, f) for f in BUDGET_LIMIT_FIELDS.values()},
                                    # absent before their Ray (make canary on 2.59 found a bare attribute)
                                    **{f: getattr(fc, f, absent) for f, absent in NEWER_FAILURE_CONFIG_FIELDS.items()}})
@@ -185,6 +194,11 @@ class Recorder(ControllerCallback, WorkerGroupCallback, ReportCallback):
 
     def before_controller_execute_failure_decision(self, failure_decision) -> None:
         self._take("failure_decision", decision=failure_decision.value)
+
+    def before_controller_execute_resize_decision(self, resize_decision) -> None:
+        """Train's scaling policy sized the next worker group: at every start, and, for an
+        elastic run, when a healthy group is replaced by a bigger (or smaller) one."""
+        self._take("resize_decision", num_workers=resize_decision.num_workers)
 
     def after_controller_finish(self, result) -> None:
         error = getattr(result, "error", None)

@@ -7,12 +7,14 @@ contract tier tape the facts of a real run (``chaos.train.tape``) and replay the
 without a cluster.
 
 Facts per hook (``t``: the controller's clock when the hook ran):
-  controller_started  run_id, run_name, storage_path, num_workers,
+  controller_started  run_id, run_name, storage_path, num_workers, elastic ({min_workers, max_workers,
+                      resize_interval_s} or None; absent in tapes older than elastic runs),
                       failure_config{max_failures, max_preemption_failures, controller_failure_limit,
                       relax_collectives_on_preemption}
   state_changed       prev, cur, terminal, error (str or None)
   policy_logged       message (Ray's ``[FailurePolicy]`` log message), error_types
   failure_decision    decision (RETRY | RAISE)
+  resize_decision     num_workers (the size Train's scaling policy gave the next worker group)
   controller_finished error (str or None)
   worker_group_started workers[{rank, local_rank, node_id, node_ip, hostname, pid}]
   poll_errors         errors{rank: "Type: message"} (only polls that carried errors)
@@ -127,6 +129,10 @@ class Recording:
         self.final_state: str | None = None
         self.preempted: list = []  # ranks Train's preemption watcher named in this attempt
         self.relax_collectives = False  # the run's FailureConfig.relax_collectives_on_preemption
+        # Why the next worker group starts: the run's first, a retry after a failure decision,
+        # or an elastic resize of a healthy group (Train shuts it down and starts another, with
+        # no failure decision).
+        self.next_cause: str | None = "start"
 
     def take(self, hook: str, t: float, facts: dict) -> None:
         getattr(self, f"_{hook}")(t, facts)
@@ -139,7 +145,7 @@ class Recording:
         self.run_id = f["run_id"]
         self.relax_collectives = bool(f["failure_config"].get("relax_collectives_on_preemption"))
         self._emit(t, "controller_started", run_name=f["run_name"], storage_path=f["storage_path"],
-                   num_workers=f["num_workers"], step_metric=self.step_metric_spec,
+                   num_workers=f["num_workers"], elastic=f.get("elastic"), step_metric=self.step_metric_spec,
                    step_metric_names=list(self.step_names), state_metric=self.state_metric,
                    failure_config=f["failure_config"])
 
@@ -149,6 +155,8 @@ class Recording:
             data["error"] = f["error"]
         if f["terminal"]:
             self.final_state = f["cur"]
+        if data["cur"] == "RESIZING":
+            self.next_cause = "resize"
         if data["prev"] != data["cur"] or f.get("error") is not None:  # Ray re-enters RUNNING on every poll tick
             self._emit(t, "state_changed", **data)
 
@@ -161,6 +169,8 @@ class Recording:
     def _failure_decision(self, t: float, f: dict) -> None:
         parsed, self.pending_decision = self.pending_decision, None
         data = {"attempt": self.attempt, "decision": f["decision"]}
+        if f["decision"] == "RETRY":
+            self.next_cause = "restart"
         if parsed:
             data.update({k: parsed[k] for k in ("budget_class", "count", "limit", "line", "error", "error_types")})
         self._emit(t, "failure_decision", **data)
@@ -169,6 +179,11 @@ class Recording:
         error = f.get("error")
         self._emit(t, "run_finished", state=self.final_state or ("ERRORED" if error else "FINISHED"), error=error)
 
+    def _resize_decision(self, t: float, f: dict) -> None:
+        """``resize_decision``: the size of the worker group Train starts next, and why it starts
+        (``cause``): an elastic upsize shows here as ``resize`` with no failure decision."""
+        self._emit(t, "resize_decision", attempt=self.attempt, num_workers=f["num_workers"], cause=self.next_cause)
+
     # -- worker group ------------------------------------------------------------
     def _worker_group_started(self, t: float, f: dict) -> None:
         self.attempt += 1
@@ -176,7 +191,9 @@ class Recording:
         self.preempted = []
         placement = [dict(w) for w in f["workers"]]
         self.ranks = [p["rank"] for p in placement]
-        self._emit(t, "attempt_started", attempt=self.attempt, placement=placement)
+        cause, self.next_cause = self.next_cause, None  # the next start says its own cause
+        self._emit(t, "attempt_started", attempt=self.attempt, placement=placement, world_size=len(placement),
+                   cause=cause)
 
     def _poll_errors(self, t: float, f: dict) -> None:
         if f["errors"] and self.errors_reported_for != self.attempt:

@@ -43,6 +43,7 @@ def test_callback_hooks_have_the_signatures_the_recorder_implements():
         cb.ControllerCallback.after_controller_start: ["train_run_context"],
         cb.ControllerCallback.after_controller_state_update: ["previous_state", "current_state"],
         cb.ControllerCallback.before_controller_execute_failure_decision: ["failure_decision"],
+        cb.ControllerCallback.before_controller_execute_resize_decision: ["resize_decision"],
         cb.ControllerCallback.after_controller_finish: ["result"],
         cb.WorkerGroupCallback.after_worker_group_start: ["worker_group"],
         cb.WorkerGroupCallback.after_worker_group_poll_status: ["worker_group_status"],
@@ -263,3 +264,31 @@ def test_the_dashboard_lists_and_reads_a_nodes_log_files_as_chaos_cluster_asks()
     assert {"node_id", "filename", "lines", "media_type", "timeout"} <= fields, fields
     streaming = inspect.getsource(log_manager.LogsManager.stream_logs)
     assert 'keep_alive = options.media_type == "stream"' in streaming, streaming
+
+
+def test_an_elastic_resize_replaces_the_whole_group_with_no_failure_decision():
+    """What the recorder's ``cause`` of an attempt rests on (measured on the embedded cluster,
+    suites/test_elastic.py): a healthy elastic group that can grow goes RUNNING -> RESIZING
+    -> SCHEDULING, the controller calls before_controller_execute_resize_decision with the new
+    size and starts a new worker group (a new attempt) — the failure policy is not asked."""
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+    from ray.train.v2._internal.execution.controller.state import ResizingState, TrainControllerStateType
+    from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+
+    assert {"RESIZING", "SCHEDULING", "RESCHEDULING", "RESTARTING"} <= set(TrainControllerStateType.__members__)
+    assert ResizingState(ResizeDecision(3, {"CPU": 1}))._state_type.name == "RESIZING"
+    assert {f.name for f in dataclasses.fields(ResizeDecision)} >= {"num_workers"}
+    step = inspect.getsource(TrainController._step)
+    assert "next_state = ResizingState(" in step and "SchedulingState(" in step, step
+    resize = inspect.getsource(TrainController._execute_resize_decision)
+    assert '"before_controller_execute_resize_decision", decision' in resize, resize
+    assert "_shutdown_worker_group()" in resize and "_start_worker_group(" in resize, resize
+    assert "_failure_policy" not in resize, resize
+
+
+def test_the_recorder_reads_an_elastic_runs_range_from_its_scaling_config():
+    from ray.train.v2.api.config import ScalingConfig
+
+    assert recorder.elastic_range(ScalingConfig(num_workers=(2, 4), elastic_resize_monitor_interval_s=7.0)) == {
+        "min_workers": 2, "max_workers": 4, "resize_interval_s": 7.0}
+    assert recorder.elastic_range(ScalingConfig(num_workers=3)) is None  # the twin: a fixed group

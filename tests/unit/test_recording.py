@@ -85,3 +85,59 @@ def test_auto_step_metric_names():
     assert step_metric_names("auto") == AUTO_STEP_METRICS
     assert step_metric_names("global_step, step") == ("global_step", "step")
     assert step_metric_names("it,auto")[0] == "it"
+
+
+def elastic_run(*steps):
+    """An elastic run (2-3 workers) as Ray 2.60 drives it (measured on the embedded cluster):
+    ``steps`` are the hook calls after the first start, e.g. a failure and a resize."""
+    events = []
+    r = Recording("auto", None, events.append)
+    r.take("controller_started", 1.0, {"run_id": "r", "run_name": "n", "storage_path": "/s", "num_workers": [2, 3],
+                                       "elastic": {"min_workers": 2, "max_workers": 3, "resize_interval_s": 5.0},
+                                       "failure_config": {}})
+    r.take("state_changed", 1.1, {"prev": "INITIALIZING", "cur": "SCHEDULING", "terminal": False, "error": None})
+    r.take("resize_decision", 1.1, {"num_workers": 3})
+    r.take("worker_group_started", 2.0, {"workers": [{"rank": 0}, {"rank": 1}, {"rank": 2}]})
+    for t, (hook, facts) in enumerate(steps, 3):
+        r.take(hook, float(t), facts)
+    return [e for e in events if e["kind"] in ("controller_started", "resize_decision", "attempt_started")]
+
+
+def state(prev, cur):
+    return "state_changed", {"prev": prev, "cur": cur, "terminal": False, "error": None}
+
+
+LOSS = [state("RUNNING", "RESTARTING"), ("policy_logged", {"message": "[FailurePolicy] RETRY\n  Source: worker group\n"
+                                                                     "  Error count: 1 (max allowed: 3)",
+                                                           "error_types": ["WorkerGroupError"]}),
+        ("failure_decision", {"decision": "RETRY"}), state("RESTARTING", "SCHEDULING"),
+        ("resize_decision", {"num_workers": 2}), ("worker_group_started", {"workers": [{"rank": 0}, {"rank": 1}]})]
+UPSIZE = [state("RUNNING", "RESIZING"), state("RESIZING", "SCHEDULING"), ("resize_decision", {"num_workers": 3}),
+          ("worker_group_started", {"workers": [{"rank": 0}, {"rank": 1}, {"rank": 2}]})]
+
+
+def test_each_attempt_says_its_world_size_and_whether_a_failure_or_a_resize_started_it():
+    started, *rest = elastic_run(*LOSS, *UPSIZE)
+    assert started["data"]["elastic"] == {"min_workers": 2, "max_workers": 3, "resize_interval_s": 5.0}
+    sized = [(e["kind"], e["data"].get("attempt"), e["data"].get("num_workers") or e["data"].get("world_size"),
+              e["data"]["cause"]) for e in rest]
+    assert sized == [("resize_decision", -1, 3, "start"), ("attempt_started", 0, 3, "start"),
+                     ("resize_decision", 0, 2, "restart"), ("attempt_started", 1, 2, "restart"),
+                     ("resize_decision", 1, 3, "resize"), ("attempt_started", 2, 3, "resize")]
+
+
+def test_a_start_after_a_resize_that_failed_is_a_restart_not_a_resize():
+    """The twin: a resized group that fails while starting is retried after a failure
+    decision, and the group that then starts is a restart."""
+    failed_start = [state("SCHEDULING", "RESCHEDULING"), ("failure_decision", {"decision": "RETRY"}),
+                    state("RESCHEDULING", "SCHEDULING"), ("resize_decision", {"num_workers": 3}),
+                    ("worker_group_started", {"workers": [{"rank": 0}, {"rank": 1}, {"rank": 2}]})]
+    *_, last = elastic_run(*LOSS, *UPSIZE[:3], *failed_start)
+    assert last["kind"] == "attempt_started" and last["data"]["cause"] == "restart"
+    # a fixed run's tape from before elastic runs: no elastic facts, every start still says why
+    events = []
+    r = Recording("auto", None, events.append)
+    r.take("controller_started", 1.0, {"run_id": "r", "run_name": "n", "storage_path": "/s", "num_workers": 2,
+                                       "failure_config": {}})
+    r.take("worker_group_started", 2.0, {"workers": [{"rank": 0}, {"rank": 1}]})
+    assert events[0]["data"]["elastic"] is None and events[1]["data"]["cause"] == "start"
