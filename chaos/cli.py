@@ -111,6 +111,10 @@ def _project(args) -> int:
     work = args.work_days * projection.DAY
     rows = projection.project(inputs, gpus, rate, work=work, reps=args.reps, seed=args.seed)
     print(projection.format_report(inputs, rows, rate, work, args.seed))
+    if inputs.elastic is not None:
+        compared = projection.compare(inputs, gpus, rate, work=work, gpus_per_node=args.gpus_per_node,
+                                      reps=args.reps, seed=args.seed)
+        print("\n" + projection.format_comparison(inputs, compared, args.gpus_per_node))
     if args.plot:
         sizes = sorted(set(projection.PLOT_GPUS) | set(gpus))
         out = projection.render_plot(inputs, args.plot, sizes, rate, work=work, reps=args.reps, seed=args.seed)
@@ -221,6 +225,8 @@ def main(argv=None) -> int:
                    help="seconds one checkpoint adds (default: measured)")
     j.add_argument("--restart-cost", type=_non_negative, metavar="SECONDS",
                    help="seconds from a failure to training again (default: measured median time to recover)")
+    j.add_argument("--gpus-per-node", type=_positive(int), default=8, metavar="G",
+                   help="GPUs a lost node takes from an elastic job (fixed vs elastic comparison; default 8)")
     j.add_argument("--work-days", type=_positive(float), default=30.0,
                    help="productive work of the simulated job, in days (default 30)")
     j.add_argument("--reps", type=_positive(int), default=400, help="simulated jobs per point (default 400)")

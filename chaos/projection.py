@@ -217,6 +217,7 @@ class Inputs:
     steps_lost: float | None = None
     step_time: float | None = None
     every_steps: float | None = None
+    elastic: "ElasticInputs | None" = None  # from the session's elastic runs, if any
 
 
 def load_inputs(path: str | os.PathLike, interval: float | None = None, cost: float | None = None,
@@ -241,15 +242,17 @@ def load_inputs(path: str | os.PathLike, interval: float | None = None, cost: fl
     if not isinstance(records, list):
         raise ChaosError(f"{path} has no 'records' list: not a summary written by chaos.summary")
 
-    faults = [f for r in records for f in _faults(r)]
+    # R is a fixed-size job's: an elastic run's first report after a loss comes at a smaller size
+    fixed = [r for r in records if not _elastic(r)]
+    faults = [f for r in fixed for f in _faults(r)]
     recover = _numbers(path, "time_to_recover", (f.get("time_to_recover") for f in faults))
-    if not recover:
+    if not recover and restart is None:
         raise ChaosError(f"nothing measured to project from: {path} holds {len(records)} test record(s) and no fault "
-                         "with a measured time to recover")
+                         "of a fixed-size run with a measured time to recover")
     steps = [(r.get("metrics") or {}).get("checkpointing") or {} for r in records]
     step_time = _median(_numbers(path, "step_time_s", (s.get("step_time_s") for s in steps)))
     every = _median(_numbers(path, "checkpoint_every_steps", (s.get("checkpoint_every_steps") for s in steps)))
-    tests = len({r.get("test") for r in records if _faults(r)})
+    tests = len({r.get("test") for r in fixed if _faults(r)})
     tau = _figure(path, steps, "checkpoint_interval_s", interval, "--checkpoint-interval")
     if tau.value <= 0:
         raise ChaosError(f"{tau.source}: a checkpoint interval of {tau.value!r} s leaves no time to train")
@@ -266,7 +269,12 @@ def load_inputs(path: str | os.PathLike, interval: float | None = None, cost: fl
         steps_lost=_median(_numbers(path, "steps_lost", (f.get("steps_lost") for f in faults))),
         step_time=step_time,
         every_steps=every,
+        elastic=load_elastic(path, records),
     )
+
+
+def _elastic(record: Any) -> dict | None:
+    return ((record.get("metrics") or {}).get("elastic") or None) if isinstance(record, dict) else None
 
 
 def _faults(record: dict) -> list[dict]:
@@ -373,6 +381,118 @@ def _s(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.3g} s"
+
+
+# -- fixed vs elastic ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticInputs:
+    """What one lost node cost the session's elastic runs (``metrics.elastic``, chaos.summary)."""
+
+    first_report: Measured  # the loss -> the first report of the attempt at the smaller size
+    degraded: Measured  # that first report -> the first report at full size again
+    resize_restart: Measured  # Train's resize decision -> the grown attempt's first report
+    losses: int
+    session_throughput: float | None = None  # measured: (size / step time) below full over at full
+    capacity_back: Measured | None = None  # the loss -> the lost node back (context: both modes wait on it)
+
+
+def load_elastic(path: Path, records: list) -> ElasticInputs | None:
+    """The elastic figures of a summary's records; None when it has no elastic run that lost
+    capacity and grew back (nothing to compare)."""
+    figures = [e for r in records if (e := _elastic(r))]
+    losses = [x for e in figures for x in e.get("losses") or [] if x.get("degraded_s") is not None]
+    resizes = [x for e in figures for x in e.get("resizes") or []]
+    first = _numbers(path, "time_to_first_report_s", (x.get("time_to_first_report_s") for x in losses))
+    degraded = _numbers(path, "degraded_s", (x.get("degraded_s") for x in losses))
+    restart = _numbers(path, "restart_s", (x.get("restart_s") for x in resizes))
+    if not (first and degraded and restart):
+        return None
+    back = _numbers(path, "capacity_back_s", (x.get("capacity_back_s") for x in losses))
+    where = f"{path}: median of"
+    return ElasticInputs(Measured(statistics.median(first), f"{where} {len(first)} loss(es)"),
+                         Measured(statistics.median(degraded), f"{where} {len(degraded)} loss(es)"),
+                         Measured(statistics.median(restart), f"{where} {len(restart)} resize(s)"),
+                         len(losses), _median(_numbers(path, "throughput ratio", map(_throughput_ratio, figures))),
+                         Measured(statistics.median(back), f"{where} {len(back)} loss(es)") if back else None)
+
+
+def _throughput_ratio(figures: dict) -> float | None:
+    """Throughput (world size / step time) at the smallest size the run had over its full size's."""
+    times = {int(size): t for size, t in (figures.get("step_time_s") or {}).items() if t}
+    full = figures.get("max_workers")
+    if full not in times or len(times) < 2:
+        return None
+    low = min(times)
+    return (low / times[low]) / (full / times[full])
+
+
+def elastic_restart_cost(el: ElasticInputs, tau: float, kept: float) -> float:
+    """What one loss costs an elastic job, in full-speed seconds: its first report after the
+    loss, the degraded time at ``kept`` of full throughput (less the resize's restart, when it
+    trains nothing), the resize's restart, and the work since the last checkpoint that the
+    resize throws away (tau/2 on average: a resize starts the new group from it)."""
+    running = max(el.degraded.value - el.resize_restart.value, 0.0)
+    return el.first_report.value + (1 - kept) * running + el.resize_restart.value + tau / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    gpus: int
+    mtbf: float
+    kept: float  # throughput left with one node gone
+    fixed_r: float
+    elastic_r: float
+    fixed: float  # Daly ETTR
+    elastic: float
+    fixed_sim: Simulated
+    elastic_sim: Simulated
+
+
+def compare(inputs: Inputs, gpus: Sequence[int], rate: FailureRate = LLAMA3, work: float = 30 * DAY,
+            gpus_per_node: int = 8, reps: int = 400, seed: int = 0) -> list[Comparison]:
+    """Per job size, at the current interval: a fixed-size job pays R per failure; an elastic
+    one its own cost (elastic_restart_cost), with one node of ``gpus_per_node`` lost."""
+    el = inputs.elastic
+    if el is None:
+        raise ChaosError("no elastic run in the summary lost capacity and grew back: nothing to compare with")
+    tau, C, R = inputs.interval.value, inputs.cost.value, inputs.restart.value
+    rows = []
+    for n in gpus:
+        M, kept = rate.mtbf_s(n), max(0.0, 1 - gpus_per_node / n)
+        Re = elastic_restart_cost(el, tau, kept)
+        rows.append(Comparison(n, M, kept, R, Re, ettr_daly(tau, C, R, M, work), ettr_daly(tau, C, Re, M, work),
+                               simulate(work, tau, C, R, M, reps=reps, seed=seed),
+                               simulate(work, tau, C, Re, M, reps=reps, seed=seed)))
+    return rows
+
+
+def format_comparison(inputs: Inputs, rows: list[Comparison], gpus_per_node: int) -> str:
+    """The fixed-vs-elastic table `ray-chaos project` prints after the projection."""
+    el = inputs.elastic
+    assert el is not None
+    figures = [("first report, fixed", inputs.restart), ("first report, elastic", el.first_report),
+               ("degraded (below full)", el.degraded), ("resize restart", el.resize_restart)]
+    if el.capacity_back is not None:
+        figures.append(("lost node back after", el.capacity_back))
+    lines = ["fixed vs elastic (a node lost per failure: a fixed job waits for it, an elastic one goes on without "
+             "it and grows back)"]
+    lines += [f"  {name:<26} {_s(m.value):>9}   {m.source}" for name, m in figures]
+    if el.session_throughput is not None:
+        lines.append(f"  {'throughput when degraded':<26} {el.session_throughput:>9.2f}   measured: the smallest "
+                     "size's over the full size's")
+    lines += ["  elastic R = first report + (1 - kept) x (degraded - resize restart) + resize restart + tau/2",
+              f"  (a resize restarts from the last checkpoint); kept = 1 - {gpus_per_node}/GPUs; both R grow with the "
+              "time a lost node takes to come back",
+              "",
+              f"{'GPUs':>7} {'MTBF':>9} {'kept':>7} {'R fixed':>9} {'R elastic':>10} {'fixed':>8} {'elastic':>8}"
+              f" {'simulated fixed':>24} {'simulated elastic':>24}"]
+    for r in rows:
+        fixed, elastic = (f"{x.ettr:.4f} [{x.low:.4f}, {x.high:.4f}]" for x in (r.fixed_sim, r.elastic_sim))
+        lines.append(f"{r.gpus:>7} {_s(r.mtbf):>9} {r.kept:>7.4f} {_s(r.fixed_r):>9} {_s(r.elastic_r):>10}"
+                     f" {r.fixed:>8.4f} {r.elastic:>8.4f} {fixed:>24} {elastic:>24}")
+    return "\n".join(lines)
 
 
 # -- the picture ---------------------------------------------------------------------

@@ -13,7 +13,10 @@ A record::
      "metrics": metrics_for(timeline, failure_config)}
 
 ``metrics.checkpointing`` (step time, checkpoint interval and cost) is what
-chaos.projection needs besides the recovery times to project ETTR to a large job.
+chaos.projection needs besides the recovery times to project ETTR to a large job;
+``metrics.elastic`` (None for a fixed-size run) what it needs to compare an elastic run with
+a fixed one: the world size each loss left, how long the run trained below its maximum,
+and what growing back cost (``elastic_figures``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 from chaos.errors import ChaosError
 from chaos.faults.catalog import BUDGET_LIMIT_FIELDS
-from chaos.timeline import Timeline, ettr, median, recovery_metrics, runs
+from chaos.timeline import Timeline, ettr, faulted_runs, median, recovery_metrics, runs
 from chaos.verdicts.budget import charged as charged_by_the_faults
 
 DEFAULT_RECORDS = Path("reports/summary.d")
@@ -60,6 +63,7 @@ def metrics_for(timeline: Timeline, failure_config: Mapping[str, Any]) -> dict:
         "steps_lost": sum(lost) if lost else None,
         "ettr": ettr(timeline),
         "checkpointing": checkpoint_figures(timeline),
+        "elastic": elastic_figures(timeline),
         "charged": charged,
         "faults": [
             {
@@ -103,6 +107,83 @@ def checkpoint_figures(timeline: Timeline) -> dict:
         "checkpoint_cost_s": cost,
         "checkpoints_measured": len(extra),
     }
+
+
+def elastic_figures(timeline: Timeline) -> dict | None:
+    """An elastic run's figures (None for a fixed-size one), from the run the faults hit.
+
+    ``step_time_s``: median time per step at each world size (throughput is world size over
+    it).  Per loss (``losses``): the world size of the attempt that recovered, its time to the
+    first report, the size of the attempt the fault hit, when the lost capacity was back (the
+    first node that joined after the fault), and ``degraded_s``: from that first report to the
+    first report at full size again (or the run's end).  Per resize (``resizes``): sizes, the time
+    from the capacity's return (the last node that joined before Train decided) to the
+    decision and to the grown attempt's first report, the restart it cost (decision to first
+    report), and every failure decision charged in between (``charged``: Ray charges none)."""
+    hit = faulted_runs(timeline)
+    events = [e for e in timeline.events if e.source != "recorder" or (hit and e.data.get("run_id") == hit[-1])]
+    started = next((e for e in events if e.kind == "controller_started"), None)
+    if started is None or not started.data.get("elastic"):
+        return None
+    attempts = {e.attempt: e for e in events if e.kind == "attempt_started"}
+    firsts = {}
+    for r in (e for e in events if e.kind == "report"):
+        firsts.setdefault(r.attempt, r)
+    return {**started.data["elastic"],
+            "attempts": [{"attempt": a, "world_size": e.data.get("world_size"), "cause": e.data.get("cause")}
+                         for a, e in sorted(attempts.items())],
+            "step_time_s": _step_time_by_size(events, attempts),
+            "losses": _losses(timeline, events, attempts, firsts, started.data["elastic"]["max_workers"]),
+            "resizes": _resizes(events, attempts, firsts)}
+
+
+def _step_time_by_size(events: list, attempts: dict) -> dict[str, float | None]:
+    gaps: dict[str, list[float]] = collections.defaultdict(list)
+    reports = [e for e in events if e.kind == "report" and e.data.get("step") is not None]
+    for prev, r in zip(reports, reports[1:]):
+        if prev.attempt == r.attempt in attempts and r.data["step"] > prev.data["step"]:
+            size = str(attempts[r.attempt].data.get("world_size"))
+            gaps[size].append((r.t - prev.t) / (r.data["step"] - prev.data["step"]))
+    return {size: median(values) for size, values in sorted(gaps.items())}
+
+
+def _losses(timeline: Timeline, events: list, attempts: dict, firsts: dict, full: int) -> list[dict]:
+    out = []
+    ended = next((e for e in events if e.kind == "run_finished"), None)
+    for m in recovery_metrics(timeline):
+        if m.recovered_attempt not in attempts or m.recovered_attempt not in firsts:
+            continue
+        attempt, first = attempts[m.recovered_attempt], firsts[m.recovered_attempt]
+        hit = max((a for a, e in attempts.items() if e.t <= m.fault_t), default=None)
+        back = next((e for e in events if e.kind == "node_alive" and e.t > m.fault_t), None)
+        whole = next((firsts[a] for a in sorted(firsts) if a > m.recovered_attempt
+                      and attempts.get(a) is not None and attempts[a].data.get("world_size") == full), None)
+        size = attempt.data.get("world_size")
+        degraded = 0.0 if size == full else ((whole or ended).t - first.t if (whole or ended) else None)
+        out.append({"world_size": size, "world_size_before": attempts[hit].data.get("world_size") if hit is not None
+                    else None, "time_to_first_report_s": m.time_to_recover,
+                    "capacity_back_s": back.t - m.fault_t if back else None, "degraded_s": degraded})
+    return out
+
+
+def _resizes(events: list, attempts: dict, firsts: dict) -> list[dict]:
+    out = []
+    for a, attempt in sorted(attempts.items()):
+        if attempt.data.get("cause") != "resize":
+            continue
+        decided = next((d for d in reversed(events) if d.kind == "resize_decision" and d.t <= attempt.t), None)
+        before = attempts.get(a - 1)
+        back = next((e for e in reversed(events) if e.kind == "node_alive" and decided and e.t <= decided.t), None)
+        first = firsts.get(a)
+        charged = [d.data for d in events if d.kind == "failure_decision" and decided is not None
+                   and decided.t <= d.t <= (first.t if first else float("inf"))]
+        out.append({"attempt": a, "from": before.data.get("world_size") if before else None,
+                    "to": attempt.data.get("world_size"),
+                    "decided_after_capacity_back_s": decided.t - back.t if decided and back else None,
+                    "first_report_after_capacity_back_s": first.t - back.t if first and back else None,
+                    "restart_s": first.t - decided.t if first and decided else None,
+                    "charged": [{k: c.get(k) for k in ("decision", "budget_class", "count")} for c in charged]})
+    return out
 
 
 def _worst(values: Iterable[float | None]) -> float | None:
