@@ -292,3 +292,23 @@ def test_the_recorder_reads_an_elastic_runs_range_from_its_scaling_config():
     assert recorder.elastic_range(ScalingConfig(num_workers=(2, 4), elastic_resize_monitor_interval_s=7.0)) == {
         "min_workers": 2, "max_workers": 4, "resize_interval_s": 7.0}
     assert recorder.elastic_range(ScalingConfig(num_workers=3)) is None  # the twin: a fixed group
+
+
+def test_an_elastic_restart_is_sized_from_a_cluster_view_refreshed_every_20_s():
+    """Why suites/test_elastic.py sets RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S: the elastic policy
+    reads the AutoscalingCoordinator's reservation, whose view of the nodes only its 20 s tick
+    refreshes, so the restart after a loss asks for the old size and its start must time out
+    before the smaller cluster is seen (with the default 60 s it waits for the node instead)."""
+    from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator as coordinator
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+
+    assert coordinator._AutoscalingCoordinatorActor.TICK_INTERVAL_S == 20
+    tick = inspect.getsource(coordinator._AutoscalingCoordinatorActor._tick)
+    assert "self._update_cluster_node_resources()" in tick, tick
+    request = inspect.getsource(coordinator._AutoscalingCoordinatorActor.request_resources)
+    assert "_update_cluster_node_resources" not in request, request  # a request does not refresh the view
+    reserved = inspect.getsource(ElasticScalingPolicy._get_reserved_resources)
+    assert "get_reserved_resources.remote(" in reserved and "recompute" not in reserved, reserved
+    assert constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR == "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+    assert constants.DEFAULT_WORKER_GROUP_START_TIMEOUT_S == 60.0
