@@ -9,9 +9,14 @@ enum, with typed payloads for the ones the verdicts read):
 
 (every recorder event also carries run_id: the Train run, one per fit())
 recorder  controller_started   run_name, storage_path, failure_config{max_failures,...},
-                               step_metric, step_metric_names, state_metric
+                               step_metric, step_metric_names, state_metric, num_workers,
+                               elastic{min_workers, max_workers, resize_interval_s} or None
 recorder  state_changed        prev, cur (TrainControllerState names)
-recorder  attempt_started      attempt, placement[{rank, node_id, pid, node_ip}]
+recorder  resize_decision      attempt (the one before it), num_workers, cause (Train sized the
+                               next worker group: start | restart | resize)
+recorder  attempt_started      attempt, placement[{rank, node_id, pid, node_ip}], world_size,
+                               cause (start | restart: after a failure decision | resize: an
+                               elastic resize of a healthy group, no failure decision)
 recorder  report               attempt, steps{rank: step (None: not reported)}, step_sources{rank:
                                metric|None}, step (rank 0's), states{rank: value} or None,
                                checkpoint (path or None), metrics (rank 0's scalars); where some rank

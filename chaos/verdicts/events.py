@@ -23,6 +23,7 @@ class EventKind(str, enum.Enum):
     CONTROLLER_STARTED = "controller_started"
     STATE_CHANGED = "state_changed"
     ATTEMPT_STARTED = "attempt_started"
+    RESIZE_DECISION = "resize_decision"
     REPORT = "report"
     CHECKPOINT_PERSISTED = "checkpoint_persisted"
     WORKER_ERROR = "worker_error"
@@ -78,6 +79,8 @@ class AttemptStarted(Payload):
     run_id: str = ""
     attempt: int
     placement: list[dict[str, Any]] = Field(default_factory=list)
+    world_size: int | None = None  # None in timelines recorded before elastic runs
+    cause: str | None = None  # start | restart | resize (chaos.train.recording)
 
 
 class Report(Payload):

@@ -1,6 +1,7 @@
 """final-state: the finished run ends where a fault-free run of the same workload and seed
 ends (each rank's step and state at its last report): a restart that restored the step but
-not the weights, optimizer, RNG or data order ends somewhere else."""
+not the weights, optimizer, RNG or data order ends somewhere else.  An elastic run that
+trained part of the way at another world size ends elsewhere too, rightly: unverifiable."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from chaos.verdicts.expect import Expect
 from chaos.verdicts.states import (
     STATE_DIGEST_METRICS,
     Baseline,
+    baseline_path,
     baseline_unusable,
     faulted_run_events,
     final_states,
@@ -68,6 +70,16 @@ def _sorted_ranks(mine: dict[int, dict[str, Any]], baseline: Baseline,
     return differ, compared, uncompared, stateless
 
 
+def _resized(timeline: Timeline) -> str | None:
+    """Why an elastic run's end cannot be the fault-free run's: an attempt trained at another size."""
+    off = {a: why for a, (_, why) in baseline_path(timeline).items() if why}
+    if not off:
+        return None
+    a = min(off)
+    return (f"unverifiable: no baseline at this run's world sizes: attempt {a}: {off[a]}; an elastic run's state "
+            "follows the number of ranks it trained with, so the fault-free run's final state is not its own")
+
+
 def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = STATE_RTOL) -> Verdict:
     fin = next((e for e in faulted_run_events(timeline) if e.kind == "run_finished"), None)
     ended = fin.data.get("state") if fin else None
@@ -82,7 +94,7 @@ def final_state_matches(timeline: Timeline, baseline: Baseline, rtol: float = ST
         return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no state metric: the run's reports carry no state "
                        f"value (--chaos-state-metric, or a {' / '.join(STATE_DIGEST_METRICS)} metric), so its final "
                        "state cannot be compared", Diagnosis.NO_STATE_METRIC, evidence)
-    unusable = baseline_unusable(timeline, baseline)
+    unusable = baseline_unusable(timeline, baseline) or _resized(timeline)
     if unusable:
         return Verdict(NAME, Status.UNVERIFIABLE, unusable, Diagnosis.NO_BASELINE, evidence)
     differ, compared, uncompared, stateless = _sorted_ranks(mine, baseline, rtol)

@@ -106,6 +106,16 @@ class RunReports:
         """Every rank a report of ``attempt`` names, with a step or without one."""
         return {rank for r in self.of_attempt(attempt) for rank in r.named_ranks()}
 
+    def world_size(self, attempt: int) -> int | None:
+        """How many ranks ``attempt`` ran (its placement), None where its start was not seen."""
+        return len(self.placement[attempt]) if self.placement.get(attempt) else None
+
+    def resized_between(self, earlier: int, later: int) -> tuple[int, int] | None:
+        """(the two world sizes) where an elastic run ran ``earlier`` and ``later`` at different
+        sizes, else None (the same size, or a size not known)."""
+        a, b = self.world_size(earlier), self.world_size(later)
+        return (a, b) if a is not None and b is not None and a != b else None
+
     def ranks_of(self, attempt: int) -> set[int]:
         """The ranks ``attempt`` ran (its placement; else the ranks its reports name)."""
         return self.placement.get(attempt) or self.ranks_in(attempt)
@@ -212,12 +222,16 @@ class RunReports:
 
     def earlier_value(self, rank: int, step: Step, attempt: int) -> tuple[str, float] | None:
         """(where, value) that ``rank``'s ``step`` gave before ``attempt``: an earlier attempt's
-        report, else the fault-free baseline's."""
-        earlier = self.value_at(rank, step, lambda a: a < attempt)
+        report, else the fault-free baseline's — at ``attempt``'s world size only (an elastic
+        run's other sizes feed a rank other data and average its updates over other ranks)."""
+        earlier = self.value_at(rank, step, lambda a: a < attempt and self.resized_between(a, attempt) is None)
         if earlier is not None:
             return f"attempt {earlier[0]}", earlier[1]
+        first = self.attempts[0] if self.attempts else attempt
         value = self.baseline_values.get((rank, step_key(step)))
-        return ("the fault-free baseline", value) if value is not None else None
+        if value is None or self.resized_between(first, attempt) is not None:
+            return None
+        return "the fault-free baseline", value
 
     def value_near(self, rank: int, step: Step, by: Step, attempt: int) -> tuple[Step, str, float] | None:
         """(the step, where, the value) an earlier report (before ``attempt``, else the fault-free

@@ -8,6 +8,12 @@ scheduler, data position and RNG.  A workload declared deterministic that re-did
 two steps has therefore shown only part of its state: the state-trajectory verdict follows it
 against a fault-free baseline instead (chaos.pytest_plugin.Chaos.run makes one then), and without one this
 verdict is unverifiable — never a pass on a weights-only check.
+
+Across an elastic run's world-size change (the earlier attempt ran another number of ranks)
+only the digests of the state the first re-done step began from compare: a rank's batch may
+follow the world size and every update averages over it, so its loss, its whole-state digest
+after the step and every later step legitimately differ.  The state a checkpoint saved
+compares at any size.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class Compared:
     differ: list[str]  # the state metric and digests that did not reproduce
     digests: list[str]  # the digests compared
     against_checkpoint: Any = None  # the checkpoint's step
+    world_sizes: tuple[int, int] | None = None  # (earlier, now) where an elastic run resized in between
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,13 +106,14 @@ def _compare(run: RunReports, attempt: int, events: list[Event]) -> list[Compare
                 if r.value(rank) is not None or _digests(r, rank):
                     seen[(rank, step_key(step))] = r
     at_checkpoint = _first_reports_at_a_checkpoint(run, attempt)
-    out = []
+    out, firsts = [], set()
     for r in (x for x in run.stepped if x.attempt == attempt):
         for rank, step in r.steps.items():
-            was = seen.get((rank, step_key(step)))
+            first, was = rank not in firsts, seen.get((rank, step_key(step)))
+            firsts.add(rank)
             if was is None or (id(r), rank) in at_checkpoint:
                 continue
-            row = _against(run, r, was, rank, step)
+            row = _against(run, r, was, rank, step, first)
             if row is not None:
                 out.append(row)
     return out
@@ -118,7 +126,10 @@ def _digests(row: Row, rank: int) -> dict[str, Any]:
     return {m: row.data.metrics[m] for m in DIGESTS if row.data.metrics.get(m) is not None}
 
 
-def _against(run: RunReports, now: Row, was: Row, rank: int, step: Any) -> Compared | None:
+def _against(run: RunReports, now: Row, was: Row, rank: int, step: Any, first: bool) -> Compared | None:
+    resized = run.resized_between(was.attempt, now.attempt)
+    if resized is not None:
+        return _across_sizes(now, was, rank, step, resized) if first else None
     value, earlier = now.value(rank), was.value(rank)
     mine, theirs = _digests(now, rank), _digests(was, rank)
     digests = sorted(set(mine) & set(theirs))
@@ -130,6 +141,17 @@ def _against(run: RunReports, now: Row, was: Row, rank: int, step: Any) -> Compa
     elif not run.reproduces(value, earlier):
         differ.insert(0, "state")
     return Compared(rank, step, value, earlier, was.attempt, differ, digests)
+
+
+def _across_sizes(now: Row, was: Row, rank: int, step: Any, sizes: tuple[int, int]) -> Compared | None:
+    """The first re-done step of an attempt at another world size than the earlier report's:
+    only the digests of the state the step began from (``digest_<part>``) compare."""
+    mine, theirs = _digests(now, rank), _digests(was, rank)
+    began = sorted(m for m in set(mine) & set(theirs) if m not in STATE_DIGEST_METRICS)
+    if not began:
+        return None
+    return Compared(rank, step, None, None, was.attempt, [m for m in began if mine[m] != theirs[m]], began,
+                    world_sizes=sizes)
 
 
 def _against_the_checkpoint(run: RunReports, attempt: int) -> list[Compared]:
@@ -182,19 +204,32 @@ def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, events
         return _not_reproduced(run, name, attempt, compared, mismatched, metric, evidence)
     steps = sorted({step_key(c.step) for c in compared if c.against_checkpoint is None})
     whole = any(_whole_state(c.digests) for c in compared)
+    resized = _resized_note(run, attempt)
     if run.expect.is_deterministic and len(steps) < 2 and not whole:
-        return _too_few(run, name, attempt, steps, metric, evidence)
+        return _too_few(run, name, attempt, steps, metric, evidence, resized)
     if not compared:
         return Verdict(name, Status.NOT_APPLICABLE, f"not checked: attempt {attempt} re-did no step that an earlier "
-                       f"attempt had reported, so there is no {metric} to compare", None, evidence)
+                       f"attempt had reported, so there is no {metric} to compare{resized}", None, evidence)
     if not any(c.digests or _moves(run, c, attempt) for c in compared):
         return _does_not_tell(run, name, attempt, metric, evidence)
-    redone = [c for c in compared if c.against_checkpoint is None]
+    redone = [c for c in compared if c.against_checkpoint is None and c.world_sizes is None]
     shown = [f"{len(redone)} re-done report(s) reproduced the earlier attempt's {metric}"
              + (" and state digests" if any(c.digests for c in redone) else "")] if redone else []
+    shown += [f"step {c.step} began from the state its earlier run began it from ({', '.join(c.digests)})"
+              for c in compared if c.world_sizes is not None]
     shown += [f"step {c.step} began from the state checkpoint step {c.against_checkpoint} saved "
               f"({', '.join(c.digests)})" for c in compared if c.against_checkpoint is not None]
-    return Verdict(name, Status.PASS, "; ".join(shown), None, evidence)
+    return Verdict(name, Status.PASS, "; ".join(shown) + resized, None, evidence)
+
+
+def _resized_note(run: RunReports, attempt: int) -> str:
+    """Where an elastic run changed its world size before ``attempt``: what that leaves comparable."""
+    before = [a for a in run.attempts if a < attempt]
+    sizes = run.resized_between(before[-1], attempt) if before else None
+    if sizes is None:
+        return ""
+    return (f" (attempt {before[-1]} ran {sizes[0]} ranks, attempt {attempt} {sizes[1]}: across a world-size change "
+            "a re-done step compares only by the state it began from, not by its loss nor any later step's)")
 
 
 def _moves(run: RunReports, c: Compared, attempt: int) -> bool:
@@ -228,9 +263,9 @@ def _whole_state(digests: list[str]) -> bool:
 
 
 def _too_few(run: RunReports, name: str, attempt: int, steps: list[Any], metric: str,
-             evidence: dict[str, Any]) -> Verdict:
+             evidence: dict[str, Any], resized: str = "") -> Verdict:
     redone = (f"re-did only step {steps[0]}, whose {metric} is computed before any update and so shows the weights "
-              "alone" if steps else "re-did no step an earlier attempt had reported")
+              "alone" if steps else "re-did no step an earlier attempt had reported") + resized
     if run.expect.trajectory is not None:
         return Verdict(name, Status.NOT_APPLICABLE, f"not decided here: attempt {attempt} {redone}; the "
                        "state-trajectory verdict follows it against the fault-free baseline", None, evidence)

@@ -132,3 +132,32 @@ def baseline_unusable(timeline: Timeline, baseline: Baseline) -> str | None:
                 f"({baseline.storage_path}/{baseline.run_name}), so one resumed from the other's checkpoints; give "
                 "each run of the script its own name")
     return None
+
+
+def baseline_path(timeline: Timeline) -> dict[int, tuple[str, str]]:
+    """Per attempt of an elastic run the faults hit, what of it a fault-free baseline can follow:
+    ``whole``; ``first`` (an attempt at another size than the run's first, begun from a state on
+    the baseline's path: its first report's began digests); ``none`` (begun from a checkpoint
+    committed off that path) — and why not all of it ('' where all).  The baseline ran at the
+    size the run began with: both started on the healthy cluster.  {} where no size changed."""
+    events = faulted_run_events(timeline)
+    sizes = {e.attempt: len(e.data.get("placement") or []) for e in events if e.kind == "attempt_started"}
+    if len(set(sizes.values())) < 2:
+        return {}
+    size = sizes[min(sizes)]
+    out: dict[int, tuple[str, str]] = {}
+    on: dict[int, bool] = {}  # attempt -> its commits are on the path
+    commits: list[Event] = []
+    for e in events:
+        if e.kind == "report" and e.data.get("checkpoint"):
+            commits.append(e)
+        if e.kind != "attempt_started" or e.attempt not in sizes:
+            continue
+        start = commits[-1].attempt if commits else None
+        from_path = on.get(start, True) if start is not None else True
+        on[e.attempt] = from_path and sizes[e.attempt] == size
+        why = "" if on[e.attempt] else (
+            f"it ran {sizes[e.attempt]} ranks, the baseline {size}" if from_path else
+            f"it began from a checkpoint attempt {start} committed off the baseline's path (world size)")
+        out[e.attempt] = ("whole" if on[e.attempt] else "first" if from_path else "none", why)
+    return out

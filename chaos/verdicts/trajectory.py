@@ -3,7 +3,13 @@ reproduces the fault-free run's state at the same step (the state metric within 
 tolerance, digests exactly).  A restore that brought the step back but not the optimizer,
 scheduler, RNG or data position leaves the trajectory at the first step that depends on the
 lost part — a step the state-restored verdict (re-done steps only) may never see.  A run that
-left the baseline *before* any fault does not reproduce it at all: unverifiable, not judged."""
+left the baseline *before* any fault does not reproduce it at all: unverifiable, not judged.
+
+An elastic run follows the baseline only while it trains at the baseline's world size from a
+state on the baseline's path: an attempt at another size began from such a state (its first
+report's ``digest_<part>`` compare) and leaves the path at its first update; an attempt that
+began from a checkpoint committed off the path is not followed at all (unverifiable, naming
+the world sizes) — never blamed on the restore."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from chaos.verdicts.states import (
     STATE_DIGEST_METRICS,
     TRAJECTORY_METRICS,
     Baseline,
+    baseline_path,
     baseline_unusable,
     faulted_run_reports,
     fmt,
@@ -52,6 +59,7 @@ class _Followed:
     first_attempt: int
     attempts_after: set[int]  # the attempts after the first that reported
     stateless: bool  # the run's reports carry no state at all
+    off_path: dict[int, str] = dataclasses.field(default_factory=dict)  # attempt -> why the baseline cannot follow it
 
 
 def _same(a: Any, b: Any, rtol: float) -> bool:
@@ -65,11 +73,16 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
     first_attempt = min((r.attempt for r in reports if r.attempt is not None), default=0)
     out = _Followed([], None, None, first_attempt, {r.attempt for r in reports if r.attempt is not None
                                                     and r.attempt > first_attempt}, True)
+    path = baseline_path(timeline)
+    out.off_path = {a: why for a, (_, why) in path.items() if why}
+    seen: set[tuple[int, int]] = set()
     for r in reports:
         for rank, (step, state) in rank_states(r, metric, TRAJECTORY_METRICS).items():
             out.stateless = out.stateless and not state
             want = base.get(rank, {}).get(step_key(step)) or {}
-            common = sorted(set(state) & set(want))
+            allowed = _comparable(path.get(r.attempt), (r.attempt, rank) in seen)
+            common = sorted(m for m in set(state) & set(want) if allowed is None or m in allowed)
+            seen.add((r.attempt, rank))
             if not common:
                 continue
             bad = [m for m in common if not _same(state[m], want[m], rtol)]
@@ -82,6 +95,16 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
             if bad and row["after_fault"] and out.first_off is None:
                 out.first_off = row
     return out
+
+
+def _comparable(path: tuple[str, str] | None, seen_before: bool) -> set[str] | None:
+    """The metrics a report may be compared on (None: every one); off an elastic run's path
+    only a first report's began digests, else none."""
+    if path is None or path[0] == "whole":
+        return None
+    if path[0] == "first" and not seen_before:
+        return {m for m in TRAJECTORY_METRICS if m not in STATE_DIGEST_METRICS}
+    return set()
 
 
 def state_trajectory(timeline: Timeline, baseline: Baseline, expect: Expect | None = None) -> Verdict:
@@ -124,17 +147,20 @@ def _left(row: dict[str, Any], origin: str, expect: Expect, evidence: dict[str, 
 def _followed(f: _Followed, origin: str, rtol: float, evidence: dict[str, Any]) -> Verdict:
     restarted = [c for c in f.compared if c["attempt"] > f.first_attempt]
     unfollowed = sorted(f.attempts_after - {c["attempt"] for c in restarted})
+    if f.off_path:
+        evidence["off_the_baselines_path"] = f.off_path
+    resized = "".join(f"; attempt {a}: {f.off_path[a]}" for a in unfollowed if a in f.off_path)
     if restarted and unfollowed:  # one attempt's steps do not vouch for another's
         return Verdict(NAME, Status.UNVERIFIABLE, f"unverifiable: no step to compare in attempt(s) "
                        f"{', '.join(map(str, unfollowed))}: they reported no step the fault-free run reported with a "
-                       f"state value, so their restored state is not followed ({origin})",
-                       Diagnosis.NO_STEP_TO_COMPARE, evidence)
+                       f"state value{' at its world size' if resized else ''}, so their restored state is not "
+                       f"followed ({origin}){resized}", Diagnosis.NO_STEP_TO_COMPARE, evidence)
     if not restarted:
         if not f.attempts_after:
             return Verdict(NAME, Status.NOT_APPLICABLE, "not checked: no attempt after the first reported, so no "
                            "restored state to follow", None, evidence)
         return Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no step to compare: the restarted attempts reported "
-                       f"no step the fault-free run reported with a state value ({origin})",
+                       f"no step the fault-free run reported with a state value ({origin}){resized}",
                        Diagnosis.NO_STEP_TO_COMPARE, evidence)
     thin = _followed_at_one_step(restarted)
     if thin:

@@ -227,3 +227,187 @@ def test_the_workloads_num_workers_option_reads_n_or_min_max():
     for bad in ("4-2", "0", "two", "2-", "1-2-3"):
         with pytest.raises(argparse.ArgumentTypeError):
             worker_count(bad)
+
+
+# -- the verdicts across world-size changes ------------------------------------------------
+
+PARTS = ("data", "rng", "scheduler", "optimizer", "weights")
+
+
+def state(after, path):
+    """A state digest: the state after ``after`` steps, reached along ``path`` (an elastic run's
+    attempt at another world size trains along another path from its checkpoint on)."""
+    return f"{path}:{after}"
+
+
+def shrink_then_grow(*, saved=True, lost_at_resize=None, lost_at_loss=None, redone_before_loss=True, loss_only=False,
+                     faults=True):
+    """An elastic run shaped like the reference workload's (rank 0's metrics: digest_<part> of the
+    state each step began from, state_digest after it, saved_digest_<part> with a checkpoint):
+    3 ranks along path a, lost after step 12 (or right after checkpoint 10); 2 ranks resume from
+    checkpoint 10 along path b, committing 15 and 20; resized after step 22 to 3 ranks, which
+    resume from checkpoint 20 along path c.  ``lost_at_resize``: a part the resized attempt's
+    restore leaves fresh (``lost_at_loss``: the smaller attempt's).  ``loss_only``: no digests at
+    all, as most user scripts.  ``faults=False``: the fault-free run, 3 ranks along path a."""
+    s = ElasticScript(state_metric="loss").sized(3, "start").grow(3, "start")
+
+    def steps(first, last, path, began_path, restored=()):
+        for st in range(first, last + 1):
+            began = {p: ("fresh" if p in restored and st == first else state(st - 1, began_path if st == first
+                                                                                else path)) for p in PARTS}
+            metrics = {} if loss_only else {**{f"digest_{p}": began[p] for p in PARTS},
+                                            "state_digest": state(st, path)}
+            ck = f"/storage/ck{st}" if st % 5 == 0 else None
+            if ck and saved and not loss_only:
+                metrics.update({f"saved_digest_{p}": state(st, path) for p in PARTS})
+            loss = 1.0 / st if st == first else hash((path, st)) % 1000 / 1000 + 0.001
+            s.report({r: st for r in range(s.ranks)}, ck, states={r: loss for r in range(s.ranks)}, metrics=metrics)
+
+    if not faults:
+        steps(1, 30, "a", "a")
+        return s.finish().timeline()
+    steps(1, 12 if redone_before_loss else 10, "a", "a")
+    s.fault().decision().sized(3, "restart", dt=0.1).sized(2, "restart", dt=10.0).grow(2, "restart", dt=8.0)
+    steps(11, 22, "b", "a", restored=(lost_at_loss,) if lost_at_loss else ())
+    s.node_back().sized(3, "resize", dt=6.0).grow(3, "resize", dt=10.0)
+    steps(21, 30, "c", "b", restored=(lost_at_resize,) if lost_at_resize else ())
+    return s.finish().timeline()
+
+
+def restored_verdicts(timeline, deterministic=True):
+    from chaos.verdicts import Expect
+    from chaos.verdicts.state import state_restored
+
+    return state_restored(timeline, Expect(deterministic=deterministic))
+
+
+def test_a_correct_resize_passes_state_restored_on_the_state_its_first_step_began_from():
+    """The false failure it replaces: re-done steps after the resize, at 3 ranks where the
+    earlier attempt ran 2, give other losses and whole-state digests, which the rule took for a
+    state that was not restored."""
+    first, grown = restored_verdicts(shrink_then_grow(saved=False))
+    assert (first.status, grown.status) == ("pass", "pass"), (first.line(), grown.line())
+    assert "attempt 1 ran 2 ranks, attempt 2 3" in grown.message and "digest_optimizer" in grown.message, grown.line()
+    assert [c["world_sizes"] for c in grown.evidence["compared"]] == [(2, 3)], grown.evidence
+
+
+def test_twin_a_resize_whose_restore_lost_the_optimizer_fails_naming_it():
+    _, grown = restored_verdicts(shrink_then_grow(saved=False, lost_at_resize="optimizer"))
+    assert grown.status == "fail" and grown.diagnosis.value == "state not restored", grown.line()
+    assert "the optimizer's state (momentum, ...) was not restored (digest_optimizer differs)" in grown.message
+
+
+def test_a_restore_right_after_a_checkpoint_is_proved_by_the_state_the_checkpoint_saved():
+    """Nothing re-done (the loss came right after checkpoint 10) left a deterministic run
+    unverifiable ('too few re-done steps'); the checkpoint's saved digests prove it, at any size."""
+    without = restored_verdicts(shrink_then_grow(saved=False, redone_before_loss=False))[0]
+    assert without.status == "unverifiable" and without.diagnosis.value == "unverifiable: too few re-done steps"
+    first, grown = restored_verdicts(shrink_then_grow(redone_before_loss=False))
+    assert first.status == "pass" and "step 11 began from the state checkpoint step 10 saved" in first.message, \
+        first.line()
+    assert grown.status == "pass" and "step 21 began from the state checkpoint step 20 saved" in grown.message, \
+        grown.line()
+
+
+def test_twin_a_restore_that_left_a_part_fresh_differs_from_what_the_checkpoint_saved():
+    _, grown = restored_verdicts(shrink_then_grow(saved=True, lost_at_resize="data"))
+    assert grown.status == "fail" and "the data position (sampler, cursor) was not restored" in grown.message, \
+        grown.line()
+    compared = {(c["step"], c["against_checkpoint"], tuple(c["differ"])) for c in grown.evidence["compared"]}
+    assert (21, 20, ("digest_data",)) in compared, compared  # against the state checkpoint 20 saved
+
+
+def test_a_loss_only_script_is_not_judged_across_a_resize():
+    """Without digests nothing the resized attempt re-did compares: never 'state not restored'
+    for a loss that follows the world size; unverifiable when declared deterministic, not
+    checked otherwise — each saying why."""
+    grown = restored_verdicts(shrink_then_grow(loss_only=True))[1]
+    assert grown.status == "unverifiable" and "attempt 1 ran 2 ranks, attempt 2 3" in grown.message, grown.line()
+    grown = restored_verdicts(shrink_then_grow(loss_only=True), deterministic=False)[1]
+    assert grown.status == "n/a" and "across a world-size change" in grown.message, grown.line()
+
+
+def budget(timeline):
+    from chaos.verdicts import Expect
+    from chaos.verdicts.budget import within_budget
+
+    return within_budget(timeline, Expect(charged={"worker_group": 1}))
+
+
+def test_a_resize_is_charged_to_no_budget_and_a_charged_one_is_a_finding():
+    ok = budget(three_two_three().timeline())
+    assert ok.status == "pass" and "charged 1 to max_failures=3" in ok.message, ok.line()
+    charged = budget(three_two_three(charge_the_resize=True).timeline())
+    assert charged.status == "fail", charged.line()
+
+
+def trajectory(timeline):
+    from chaos.verdicts import Baseline, Expect
+    from chaos.verdicts.states import trajectory_of
+    from chaos.verdicts.trajectory import state_trajectory
+
+    baseline = Baseline("k", trajectory=trajectory_of(shrink_then_grow(faults=False)), job_id="b")
+    return state_trajectory(timeline, baseline, Expect(deterministic=True))
+
+
+def test_the_trajectory_follows_an_elastic_run_only_along_the_baselines_path():
+    """The fault-free run kept 3 ranks: the 2-rank attempt is followed at its first report (the
+    state it began from), not after its first update; the grown attempt, begun from a
+    checkpoint the 2 ranks committed, not at all — unverifiable naming why, where before every
+    step after the shrink was 'state not restored'."""
+    v = trajectory(shrink_then_grow())
+    assert v.status == "unverifiable" and v.diagnosis.value == "unverifiable: no step to compare", v.line()
+    assert "attempt 2: it began from a checkpoint attempt 1 committed off the baseline's path" in v.message
+    assert v.evidence["off_the_baselines_path"] == {1: "it ran 2 ranks, the baseline 3", 2: v.evidence[
+        "off_the_baselines_path"][2]}
+
+
+def test_twin_a_shrunk_attempt_that_began_from_a_lost_part_leaves_the_trajectory():
+    v = trajectory(shrink_then_grow(lost_at_loss="rng"))
+    assert v.status == "fail" and "the RNG state was not restored (digest_rng differs)" in v.message, v.line()
+    assert "step 11 (attempt 1, rank 0)" in v.message, v.line()
+
+
+def test_an_elastic_run_that_shrank_has_no_fault_free_final_state_to_match():
+    """The false failure it replaces: its end, trained partly at 2 ranks, is not the fault-free
+    run's (3 ranks all the way) — unverifiable, never 'final state differs'; a run that kept its
+    size is still compared (the twin)."""
+    from chaos.verdicts import Baseline
+    from chaos.verdicts.final_state import final_state_matches
+    from chaos.verdicts.states import final_states
+
+    base = Baseline("k", final=final_states(shrink_then_grow(faults=False)), job_id="b")
+    v = final_state_matches(shrink_then_grow(), base)
+    assert v.status == "unverifiable" and v.diagnosis.value == "unverifiable: no baseline", v.line()
+    assert "attempt 1: it ran 2 ranks, the baseline 3" in v.message, v.line()
+    same = final_state_matches(shrink_then_grow(faults=False), base)
+    assert same.status == "pass", same.line()
+
+
+def evaluated_after_restore(size):
+    """3 ranks, lost after step 12 (checkpoint 10); the restart, at ``size`` ranks, evaluates
+    at step 10 after loading checkpoint 10, then trains on: its step 11's loss is attempt 0's
+    at the same size (the state and the batch alike), another at another size."""
+    s = ElasticScript(state_metric="loss").sized(3, "start").grow(3, "start")
+    for st in range(1, 13):
+        s.report({r: st for r in range(3)}, f"/storage/ck{st}" if st % 5 == 0 else None,
+                 states={r: 10.0 / st for r in range(3)})
+    s.fault().decision().sized(size, "restart").grow(size, "restart", dt=8.0)
+    s.report({r: 10 for r in range(size)}, states={r: 99.0 for r in range(size)})
+    for st in range(11, 21):
+        s.report({r: st for r in range(size)}, states={r: 10.0 / st * (1 if size == 3 else 1.5) for r in range(size)})
+    return s.finish().timeline()
+
+
+def test_an_evaluation_after_a_restore_at_another_world_size_is_not_judged_by_the_old_sizes_loss():
+    """The resume rule decides a first report at the checkpoint's own step by the next trained
+    step's loss against an earlier attempt's; at another world size that loss differs rightly:
+    unverifiable, not 'state not restored'.  The twin at the same size still passes."""
+    from chaos.verdicts import Expect
+    from chaos.verdicts.resume import resumed_from_latest
+
+    [other] = resumed_from_latest(evaluated_after_restore(2), Expect(deterministic=True))
+    assert other.status == "unverifiable" and other.diagnosis.value == "unverifiable: resumed at the checkpoint's " \
+        "own step", other.line()
+    [same] = resumed_from_latest(evaluated_after_restore(3), Expect(deterministic=True))
+    assert same.status == "pass" and "evaluating after loading it" in same.message, same.line()
