@@ -215,7 +215,7 @@ def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, events
     redone = [c for c in compared if c.against_checkpoint is None and c.world_sizes is None]
     shown = [f"{len(redone)} re-done report(s) reproduced the earlier attempt's {metric}"
              + (" and state digests" if any(c.digests for c in redone) else "")] if redone else []
-    shown += [f"step {c.step} began from the state its earlier run began it from ({', '.join(c.digests)})"
+    shown += [f"step {c.step} began from the state attempt {c.earlier_attempt} began it from ({', '.join(c.digests)})"
               for c in compared if c.world_sizes is not None]
     shown += [f"step {c.step} began from the state checkpoint step {c.against_checkpoint} saved "
               f"({', '.join(c.digests)})" for c in compared if c.against_checkpoint is not None]
