@@ -26,6 +26,16 @@ def one_stride_after_the_checkpoint(stride):
     return check
 
 
+def grown_back_right_after_the_checkpoint(attempt, ranks):
+    """A message check: 'attempt k resumed at step ck+1, right after … (step ck) on every rank (n)'."""
+    def check(message):
+        m = re.search(rf"attempt {attempt} resumed at step (\d+), {RESUMED} \(step (\d+)\) on every rank \({ranks}\)",
+                      message)
+        return m is not None and int(m[1]) == int(m[2]) + 1
+    check.__name__ = f"attempt {attempt} resumed right after the latest checkpoint on all {ranks} ranks"
+    return check
+
+
 def one_stride_too_far(stride):
     """A message check: 'resumed past the checkpoint: attempt 1 began at step ck+2*stride …
     although checkpoint step ck', steps ck+stride..ck+2*stride skipped."""
@@ -188,6 +198,19 @@ EXPECTED = {
     # Ray saw the node die (both recorded), so the rule is written, not the step
     "every_third_healthy": {
         "resumed-from-latest": ("pass", one_stride_after_the_checkpoint(3)),
+        "run-finished": ("pass", "FINISHED"),
+    },
+    # suites/test_elastic.py: the reference workload elastic, (2, 3) ranks on 3 hosts; rank 1's
+    # node lost after checkpoint 2 (step 10): attempt 1 goes on with 2 ranks from it; the host
+    # back, Train resizes (no failure decision) and attempt 2's 3 ranks — rank 2 too, absent when
+    # the checkpoint was committed — resume right after the latest one, from the state it saved
+    "elastic_shrinks_and_grows_back": {
+        "resumed-from-latest (attempt 1)": ("pass", f"attempt 1 resumed at step 11, {RESUMED} (step 10) on every rank "
+                                                    "(2)"),
+        "resumed-from-latest (attempt 2)": ("pass", grown_back_right_after_the_checkpoint(2, 3)),
+        "state-restored (attempt 1)": ("pass", "step 11 began from the state checkpoint step 10 saved"),
+        "state-restored (attempt 2)": ("pass", "attempt 1 ran 2 ranks, attempt 2 3"),
+        "within-budget": ("pass", "charged 1 to max_failures=3"),
         "run-finished": ("pass", "FINISHED"),
     },
 }
