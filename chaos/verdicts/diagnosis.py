@@ -242,6 +242,9 @@ class Diagnosis(str, enum.Enum):
                   "what the head fault did to the run could not be settled")
     CLUSTER_LOST = ("cluster lost", Kind.EXPECTED, ReportCategory.HEAD_LOSS, ("head-loss",),
                     "without GCS fault tolerance the restarted head forgot the cluster (expected)")
+    NO_WORKER_EVIDENCE = ("unverifiable: no worker nodes seen", Kind.UNVERIFIABLE, ReportCategory.UNVERIFIABLE,
+                          ("worker nodes after head loss",),
+                          "no worker node was recorded alive before the head fault: their fate cannot be told")
     WORKER_NODE_FATE = ("unexpected worker node fate", Kind.FINDING, ReportCategory.HEAD_LOSS,
                         ("worker nodes after head loss",),
                         "worker nodes did not keep (GCS fault tolerance) or all change their node ids")

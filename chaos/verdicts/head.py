@@ -71,6 +71,9 @@ def workers_after_head_loss(loss: dict[str, Any]) -> Verdict:
     evidence = {"fault": loss.get("fault"), "before": before, "after": after,
                 "expected": "kept" if kept else "new ids"}
     name = f"worker nodes after head loss ({loss.get('fault')})"
+    if not before:  # nothing to keep or lose: every fate would pass
+        return Verdict(name, Status.UNVERIFIABLE, "unverifiable: no worker nodes seen: none was recorded alive before "
+                       "the head fault, so what became of them cannot be told", Diagnosis.NO_WORKER_EVIDENCE, evidence)
     if kept:
         ok = bool(survived) and survived == set(before)
         wrong = (f"lost {sorted(n[:8] for n in set(before) - survived) or 'every node'}, expected all kept")

@@ -383,8 +383,17 @@ def test_worker_nodes_must_all_survive_with_fault_tolerance_and_all_be_new_witho
         == "pass"
     assert workers_after_head_loss(loss("x", gcs_ft=False, workers_before=before,
                                         workers_after={"c" * 56: "1"})).status == "fail"
-    # nothing seen is not "all kept"
-    assert workers_after_head_loss(loss("x", workers_before={}, workers_after={})).status == "fail"
+
+
+def test_no_worker_node_seen_before_the_head_fault_is_unverifiable_never_all_new():
+    # nothing seen is not "all kept", nor "all came back as new nodes" (that passed without
+    # GCS fault tolerance: no node kept its id, and none was needed to come back)
+    for gcs_ft in (True, False):
+        v = workers_after_head_loss(loss("x", gcs_ft=gcs_ft, workers_before={}, workers_after={}))
+        assert v.status == "unverifiable" and v.diagnosis is Diagnosis.NO_WORKER_EVIDENCE, v.line()
+    # the twin: nodes seen before, all back under new ids
+    v = workers_after_head_loss(loss("x", gcs_ft=False, workers_before={"a" * 56: "1"}, workers_after={"c" * 56: "1"}))
+    assert v.status == "pass", v.line()
 
 
 def test_a_head_loss_is_judged_in_every_verdict_list_and_drawn_in_the_picture():
