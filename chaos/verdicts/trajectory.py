@@ -44,10 +44,13 @@ class StateTrajectory:
     judges_a_stopped_run = True
 
     def applies(self, expect: Expect) -> bool:
-        return expect.trajectory is not None
+        return expect.baseline
 
     def check(self, timeline: Timeline, expect: Expect) -> list[Verdict]:
-        assert expect.reference is not None
+        if expect.reference is None:  # asked for, never made: said, not left out
+            return [Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no baseline: the suite asked to follow the run "
+                            "against a fault-free run (baseline=True, --chaos-baseline), but none was made",
+                            Diagnosis.NO_BASELINE)]
         return [state_trajectory(timeline, expect.reference, expect)]
 
 

@@ -153,3 +153,16 @@ def test_check_raises_an_assertion_with_every_failed_message():
         check(judge(tl, EXPECT_ONE))
     assert isinstance(err.value, AssertionError)
     assert str(err.value).startswith("retry budget exhausted: 1 failure charged to max_failures=0")
+
+
+def test_a_baseline_check_the_suite_asked_for_without_a_baseline_is_unverifiable_never_left_out():
+    tl = good_run().timeline()
+    for asked, name in ((Expect(final_state=True), "final-state"), (Expect(baseline=True), "state-trajectory")):
+        [v] = [v for v in judge(tl, dataclasses.replace(asked, charged={"worker_group": 1})) if v.name == name]
+        assert v.status == "unverifiable" and v.diagnosis is Diagnosis.NO_BASELINE, v.line()
+    # the twins: not asked, no verdict; asked with one, judged against it
+    assert not {"final-state", "state-trajectory"} & {v.name for v in judge(tl, EXPECT_ONE)}
+    base = Baseline("k", final={0: {"step": 20, "state": {}}, 1: {"step": 20, "state": {}}}, job_id="b", made_at="t")
+    [v] = [v for v in judge(tl, dataclasses.replace(EXPECT_ONE, final_state=True, reference=base))
+           if v.name == "final-state"]
+    assert v.diagnosis is not Diagnosis.NO_BASELINE, v.line()
