@@ -31,7 +31,7 @@ from chaos.ray_support import RayVersionError, check_supported
 from chaos.report import Reporter
 from chaos.train.run import RunSpec, reference_spec, user_spec
 from chaos.verdicts import Diagnosis, Expect
-from chaos.verdicts.tolerance import STATE_RTOL
+from chaos.verdicts.tolerance import STATE_RTOL, valid_rtol
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,11 @@ def pytest_addoption(parser):
                 help="follow every test's run step by step against a fault-free run of the same workload and "
                      "seed (state-trajectory verdict: names the first step that leaves it); the baseline runs "
                      "first and is cached like the final-state check's")
-    g.addoption("--chaos-state-rtol", type=float, default=STATE_RTOL, metavar="R",
+    g.addoption("--chaos-state-rtol", type=float, default=None, metavar="R",
                 help=f"relative tolerance for a state value (loss) to reproduce: re-done steps, the trajectory, "
-                     f"the final state (default {STATE_RTOL:g}; raise it for non-deterministic training)")
+                     f"the final state (default {STATE_RTOL:g}; raise it for non-deterministic training); a suite's "
+                     "own chaos.expect(state_rtol=...) wins over the default, and where both are given the smaller "
+                     "(a tolerance only lets more through: neither loosens what the other asked)")
     g.addoption("--chaos-refresh-baselines", action="store_true",
                 help="final-state and trajectory checks: make every fault-free baseline anew instead of reusing "
                      "the one cached under <reports>/baselines for the same workload, parameters and seed")
@@ -166,6 +168,10 @@ def pytest_configure(config):
     if config.getoption("chaos_dry_run") and config.getoption("chaos_rehearsal"):
         raise pytest.UsageError("--chaos-dry-run and --chaos-rehearsal exclude each other: a dry run submits nothing, "
                                 "a rehearsal runs the job up to every trigger")
+    rtol = config.getoption("chaos_state_rtol")
+    if rtol is not None and not valid_rtol(rtol):
+        raise pytest.UsageError(f"--chaos-state-rtol={rtol}: a relative tolerance is a finite number >= 0 (an "
+                                "infinite one reproduces every state)")
     _check_campaign_options(config)
     workdir = config.getoption("chaos_workload_dir")
     if workdir is not None and not Path(workdir).is_dir():
@@ -282,6 +288,14 @@ def chaos_env(chaos_clusters, request) -> Environment:
         pytest.skip(f"head faults run on the embedded cluster only; profile {profile.name}'s cluster is not "
                     "restarted by the harness")
     return chaos_clusters.get(kind)
+
+
+def _state_rtol(suite: float | None, option: float | None) -> float | None:
+    """The state tolerance of a run: the suite's own (chaos.expect(state_rtol=...)) or
+    --chaos-state-rtol, whichever is given; where both are, the smaller — a tolerance only
+    lets more through, so neither loosens the check the other asked for (None: STATE_RTOL)."""
+    given = [r for r in (suite, option) if r is not None]
+    return min(given) if given else None
 
 
 def profile_workload_spec(w, name: str) -> RunSpec:
@@ -620,7 +634,7 @@ class Chaos:
             slo_recover_s=expect.slo_recover_s if expect.slo_recover_s is not None else min(r for _, r in slos),
             deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
             baseline=expect.baseline or bool(self._opt("chaos_baseline")),
-            state_rtol=self._opt("chaos_state_rtol"))
+            state_rtol=_state_rtol(expect.state_rtol, self._opt("chaos_state_rtol")))
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chaos.verdicts.states import Baseline
-from chaos.verdicts.tolerance import STATE_RTOL
+from chaos.verdicts.tolerance import STATE_RTOL, valid_rtol
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,8 @@ class Expect:
     # The workload gives the same metrics from the same state at the same step: a state value
     # that does not reproduce fails; without it, it is a warning (None: what the workload declares).
     deterministic: bool | None = None
-    state_rtol: float = STATE_RTOL  # --chaos-state-rtol: every state comparison
+    # every state comparison's relative tolerance (None: --chaos-state-rtol's, else STATE_RTOL; ``rtol``)
+    state_rtol: float | None = None
     # A lasting fault's (xid, storage: catalog charge_measured) per-class charges measured on this
     # platform; the one seen must be among them (None: none measured, the charge is unverifiable).
     charge_outcomes: tuple[Mapping[str, int], ...] | None = None
@@ -55,6 +56,14 @@ class Expect:
     def __post_init__(self) -> None:
         if self.charge_outcomes is not None and not isinstance(self.charge_outcomes, tuple):
             object.__setattr__(self, "charge_outcomes", tuple(self.charge_outcomes))
+        if self.state_rtol is not None and not valid_rtol(self.state_rtol):
+            raise ValueError(f"state_rtol={self.state_rtol!r}: a relative tolerance is a finite number >= 0 (an "
+                             "infinite one reproduces every state)")
+
+    @property
+    def rtol(self) -> float:
+        """The tolerance every state comparison uses."""
+        return STATE_RTOL if self.state_rtol is None else self.state_rtol
 
     @property
     def charges(self) -> dict[str, int]:

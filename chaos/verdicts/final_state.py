@@ -38,7 +38,7 @@ class FinalState:
             return [Verdict(NAME, Status.UNVERIFIABLE, "unverifiable: no baseline: the suite asked to compare the "
                             "final state with a fault-free run's (final_state=True), but none was made",
                             Diagnosis.NO_BASELINE)]
-        return [final_state_matches(timeline, expect.reference, expect.state_rtol)]
+        return [final_state_matches(timeline, expect.reference, expect.rtol)]
 
 
 def _names(state: dict[str, Any]) -> str:

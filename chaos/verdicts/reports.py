@@ -76,7 +76,7 @@ class RunReports:
 
     def __init__(self, events: list[Event], expect: Expect, baseline: Baseline | None = None):
         self.expect = expect
-        self.rtol = expect.state_rtol
+        self.rtol = expect.rtol
         self.events = events
         self.started = next((ev.ControllerStarted.model_validate(e.data) for e in events
                              if e.kind == ev.EventKind.CONTROLLER_STARTED), None)

@@ -54,3 +54,9 @@ def step_key(step: Any) -> Any:
 def finite(value: Any) -> bool:
     """A number that can be compared (not NaN or infinite)."""
     return _number(value) and math.isfinite(value)
+
+
+def valid_rtol(rtol: Any) -> bool:
+    """A state tolerance that can fail something: a finite number >= 0 (an infinite one passes
+    every comparison; NaN and negative ones are no tolerance)."""
+    return finite(rtol) and rtol >= 0

@@ -112,7 +112,7 @@ def _comparable(path: tuple[str, str] | None, seen_before: bool) -> set[str] | N
 
 def state_trajectory(timeline: Timeline, baseline: Baseline, expect: Expect | None = None) -> Verdict:
     expect = expect or Expect()
-    rtol = expect.state_rtol
+    rtol = expect.rtol
     f = _follow(timeline, baseline, rtol)
     origin = baseline.origin()
     evidence = {"baseline_key": baseline.key, "rtol": rtol, "atol": STATE_ATOL, "compared": len(f.compared),

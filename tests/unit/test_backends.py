@@ -29,6 +29,8 @@ from chaos.safety import NodeInfo, TargetRefused
 from chaos.train.run import reference_spec, user_spec
 from chaos.transport.base import CommandResult
 from chaos.transport.local import LocalTransport
+from chaos.verdicts import Expect
+from chaos.verdicts.tolerance import STATE_RTOL
 
 HEAD = Node("h" * 56, "10.0.0.1", True, True, 1.0, None, None, {}, {})
 W2 = Node("a" * 56, "10.0.0.2", True, False, 1.0, None, None, {}, {"pool": "spot"})
@@ -397,8 +399,9 @@ def test_a_cuda_fault_is_not_armed_in_a_process_without_the_shim(state, pid, mes
 USER = user_spec("python train.py", "t-1", working_dir="/tmp")
 
 
-def chaos_with(profile_=None, detect=30.0, recover=120.0) -> Chaos:
-    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": 1e-4, "chaos_baseline": False}
+def chaos_with(profile_=None, detect=30.0, recover=120.0, state_rtol=None) -> Chaos:
+    options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": state_rtol,
+               "chaos_baseline": False}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
     request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
     return Chaos(env, request)
@@ -456,6 +459,21 @@ def test_a_suites_own_totals_keep_each_named_class_per_fault_so_a_swapped_pair_s
     v = within_budget(run("preemption", "worker_group"), e)
     assert v.status == "fail" and v.diagnosis == "charged to the wrong budget class", v.line()
     assert within_budget(run("worker_group", "preemption"), e).status == "pass"  # the twin
+
+
+def test_a_suites_own_state_tolerance_is_kept_and_an_explicit_option_only_tightens_it():
+    """chaos.expect(state_rtol=...) was overwritten by --chaos-state-rtol's default (1e-4): a suite
+    that loosened it for its noisy workload was judged at 1e-4, one that tightened it at 1e-4
+    too.  The suite's wins over the default; where both are given, the smaller."""
+    faults = [(None, RayletKill())]
+    for option, suite, used in ((None, 1e-2, 1e-2), (None, 1e-6, 1e-6), (None, None, STATE_RTOL),
+                                (1e-3, None, 1e-3), (1e-3, 1e-2, 1e-3), (1e-2, 1e-6, 1e-6)):
+        chaos = chaos_with(state_rtol=option)
+        e = chaos._expectation(chaos.expect(state_rtol=suite), faults, USER)
+        assert e.rtol == used, (option, suite, e.rtol)
+    with pytest.raises(ValueError, match="state_rtol=inf: a relative tolerance is a finite number >= 0"):
+        Expect(state_rtol=float("inf"))  # it would reproduce every state
+    assert Expect(state_rtol=0.0).rtol == 0.0  # the twin: exact is a tolerance
 
 
 def test_determinism_is_what_the_workload_declares_unless_the_suite_says():

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--chaos-stall-limit", "0"], "--chaos-stall-limit=0.0: must be >= 1"),
     (["--chaos-finish-timeout", "0"], "--chaos-finish-timeout=0.0: must be >= 1"),
     (["--chaos-step-metric", " , "], "--chaos-step-metric is empty"),
+    (["--chaos-state-rtol", "inf"], "--chaos-state-rtol=inf: a relative tolerance is a finite number >= 0"),
+    (["--chaos-state-rtol=-1e-3"], "--chaos-state-rtol=-0.001: a relative tolerance is a finite number >= 0"),
+    (["--chaos-state-rtol", "nan"], "--chaos-state-rtol=nan: a relative tolerance is a finite number >= 0"),
 ])
 def test_bad_option_values_are_clear_usage_errors(args, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
