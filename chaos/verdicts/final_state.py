@@ -15,6 +15,7 @@ from chaos.verdicts.states import (
     Baseline,
     baseline_path,
     baseline_unusable,
+    comparable,
     faulted_run_events,
     final_states,
     fmt,
@@ -54,7 +55,7 @@ def _sorted_ranks(mine: dict[int, dict[str, Any]], baseline: Baseline,
         if got is None or want is None:
             differ.append(f"rank {rank} never reported in {'the faulted run' if got is None else 'the baseline'}")
             continue
-        common = sorted(set(got["state"]) & set(want["state"]))
+        common = sorted(m for m in set(got["state"]) & set(want["state"]) if comparable(want["state"][m]))
         if got["step"] != want["step"]:
             differ.append(f"rank {rank} finished at step {got['step']}, the baseline at step {want['step']}")
             continue

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from chaos.timeline import Event, Timeline, faulted_runs, runs, steps_of
+from chaos.verdicts.tolerance import finite
 
 # Metrics a workload reports to name its whole state (the reference workload's digest of its
 # weights and optimizer), read from the reports' metrics besides the state metric.
@@ -84,15 +85,23 @@ def rank_states(report: Event, metric: str | None, digests: tuple[str, ...]) -> 
     for rank, step in steps_of(report).items():
         state: dict[str, Any] = {}
         value = (report.data.get("states") or {}).get(str(rank))
-        if metric and value is not None:
+        if metric and comparable(value):
             state[metric] = value
         if str(rank) == str(kept):
             reported = report.data.get("metrics") or {}
             for name in (*([metric] if metric else []), *digests):
-                if name not in state and reported.get(name) is not None:
+                if name not in state and comparable(reported.get(name)):
                     state[name] = reported[name]
         out[rank] = (step, state)
     return out
+
+
+def comparable(value: Any) -> bool:
+    """A state value that can be compared: a digest, or a finite number (a NaN or infinite loss
+    is none — two runs that both diverged to inf are not shown to be in one state)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return finite(value)
+    return value is not None
 
 
 def final_states(timeline: Timeline) -> dict[int, dict[str, Any]]:

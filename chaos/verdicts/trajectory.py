@@ -28,6 +28,7 @@ from chaos.verdicts.states import (
     Baseline,
     baseline_path,
     baseline_unusable,
+    comparable,
     faulted_run_reports,
     fmt,
     rank_states,
@@ -84,7 +85,8 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
             out.stateless = out.stateless and not state
             want = base.get(rank, {}).get(step_key(step)) or {}
             allowed = _comparable(path.get(r.attempt), (r.attempt, rank) in seen)
-            common = sorted(m for m in set(state) & set(want) if allowed is None or m in allowed)
+            common = sorted(m for m in set(state) & set(want) if (allowed is None or m in allowed)
+                            and comparable(want[m]))
             seen.add((r.attempt, rank))
             if not common:
                 continue

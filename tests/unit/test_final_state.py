@@ -302,3 +302,27 @@ def test_a_rank_whose_state_the_baseline_has_and_the_run_does_not_is_not_passed(
                 e.data["states"]["1"] = None
     v = final_state_matches(run.timeline(), baseline_of(base))
     assert v.status == "pass" and "rank(s) 1 reported no state value in either run, their steps alike" in v.message
+
+
+def diverged(last):
+    """A run whose loss is ``last(step)`` from step 15 on, as the recorder's events log carries a
+    NaN or infinite number (the kept rank's metrics; its state value is left out)."""
+    s = Script(state_metric="loss").start_attempt().steps(1, 12, state=loss).fault().decision().start_attempt()
+    s.steps(11, 20, state=lambda r, st: last(st) if st >= 15 else loss(r, st))
+    for e in s.events:
+        if e.kind == "report" and e.data["states"]:
+            e.data["metrics"]["loss"] = e.data["states"]["0"]
+            e.data["states"] = {r: v if v != float("inf") else None for r, v in e.data["states"].items()}
+    return s.finish().timeline()
+
+
+def test_two_runs_that_both_diverged_to_inf_are_not_shown_in_one_state():
+    # the faulted run and its baseline both end at an infinite loss: no state value to compare
+    base = Baseline("k1", final={0: {"step": 20, "state": {"loss": float("inf")}}, 1: {"step": 20, "state": {}}},
+                    job_id="b", made_at="t")
+    v = final_state_matches(diverged(lambda st: float("inf")), base)
+    assert v.status == "unverifiable" and v.diagnosis == "unverifiable: no state metric", v.line()
+    # the twin: both end at the same finite loss
+    base = Baseline("k1", final={0: {"step": 20, "state": {"loss": 0.5}}, 1: {"step": 20, "state": {"loss": 0.5}}},
+                    job_id="b", made_at="t")
+    assert final_state_matches(diverged(lambda st: 0.5), base).status == "pass"
