@@ -54,8 +54,9 @@ def pytest_addoption(parser):
                 help="a metric a correct restore reproduces at a re-done step; 'auto' (default) takes the training "
                      "loss (loss, train_loss, training_loss) when your script reports one")
     g.addoption("--chaos-deterministic", action="store_true",
-                help="your script gives the same metrics from the same state at the same step: a state value that "
-                     "does not reproduce fails ('state not restored'); without it that is a warning ('state differs')")
+                help="your script (--chaos-workload, or a profile's workload.entrypoint) gives the same metrics "
+                     "from the same state at the same step: a state value that does not reproduce fails ('state not "
+                     "restored'); without it that is a warning ('state differs')")
     g.addoption("--chaos-unverifiable", choices=["fail", "warn"], default="fail",
                 help="an unverifiable verdict (missing evidence) fails the test (default) or only warns")
     g.addoption("--chaos-stall-limit", type=float, default=None, metavar="S",
@@ -298,13 +299,14 @@ def _state_rtol(suite: float | None, option: float | None) -> float | None:
     return min(given) if given else None
 
 
-def profile_workload_spec(w, name: str) -> RunSpec:
+def profile_workload_spec(w, name: str, deterministic: bool = False) -> RunSpec:
     """A profile's entrypoint workload (``WorkloadSettings``) as a run: its runtime_env's
-    fields travel with the job (pip, excludes, its own py_modules...), not only its env_vars."""
+    fields travel with the job (pip, excludes, its own py_modules...), not only its env_vars.
+    Deterministic where the profile or ``--chaos-deterministic`` (``deterministic``) says so."""
     extra = dict(w.runtime_env)
     spec = user_spec(w.entrypoint, name, step_metric=w.step_metric,
                      working_dir=extra.pop("working_dir", None) or w.working_dir,
-                     state_metric=w.state_metric, deterministic=w.deterministic)
+                     state_metric=w.state_metric, deterministic=w.deterministic or deterministic)
     spec.env_vars.update(extra.pop("env_vars", {}))
     spec.runtime_env = extra
     return spec
@@ -571,7 +573,7 @@ class Chaos:
                              deterministic=self._opt("chaos_deterministic"))
         profile = self.env.backend.profile
         if profile is not None and profile.workload.kind == "entrypoint":
-            return profile_workload_spec(profile.workload, name)
+            return profile_workload_spec(profile.workload, name, deterministic=self._opt("chaos_deterministic"))
         params.setdefault("seed", self._opt("chaos_seed"))
         params.setdefault("python", self.env.backend.python)
         return reference_spec(name, storage_path, **params)

@@ -476,6 +476,18 @@ def test_a_suites_own_state_tolerance_is_kept_and_an_explicit_option_only_tighte
     assert Expect(state_rtol=0.0).rtol == 0.0  # the twin: exact is a tolerance
 
 
+def test_chaos_deterministic_declares_a_profiles_own_script_deterministic_too():
+    """--chaos-deterministic was read for --chaos-workload only: a profile's workload.entrypoint
+    stayed undeclared, so a state that did not reproduce was a warning and the test passed."""
+    p = profile(workload={"entrypoint": "python train.py"})
+    for option, declared in ((True, True), (False, False)):
+        options = {"chaos_deterministic": option, "chaos_workload": None}
+        request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__),
+                                        node=types.SimpleNamespace(name="test_x"))
+        spec = Chaos(types.SimpleNamespace(backend=types.SimpleNamespace(profile=p)), request)._workload("/storage")
+        assert spec.deterministic is declared, (option, spec)
+
+
 def test_determinism_is_what_the_workload_declares_unless_the_suite_says():
     chaos = chaos_with()
     faults = [(None, RayletKill())]
