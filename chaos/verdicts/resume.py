@@ -119,10 +119,13 @@ def _judge_attempt(run: RunReports, run_id: str, name: str, attempt: int, first:
     late = sorted(run.ranks_in(attempt) - set(first.steps))  # their first report carried no step
     judged += [judge_late_step(run, rank, commits, attempt) for rank in late]
     latest = commits[-1] if commits else None
+    ck_step = latest.steps.get(0, latest.data.step) if latest is not None else None
+    if ck_step is None and judged and judged[0].status is Status.PASS:  # a step-less commit, read by the rule
+        ck_step = judged[0].checkpoint_step
     evidence = {
         "run_id": run_id, "attempt": attempt, "attempts_that_never_reported": list(silent),
         "latest_checkpoint": latest.checkpoint if latest else None,
-        "latest_checkpoint_step": (latest.steps.get(0, latest.data.step) if latest else None),
+        "latest_checkpoint_step": ck_step,
         "committed_steps": [c.data.step for c in commits],
         "first_step_of_attempt": first.data.step,
         "first_steps_of_run": {rank: run.run_first_step(rank, attempt) for rank in sorted(first.steps)},

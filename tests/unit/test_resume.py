@@ -320,13 +320,36 @@ def test_a_run_that_reports_no_checkpoint_is_unverifiable_never_a_pass():
     assert v.message.startswith("unverifiable: the run reported no checkpoint to Ray Train")
 
 
-def test_checkpoint_report_without_the_step_takes_the_rank_last_step_and_says_so():
-    s = Script().start_attempt().steps(1, 9, every=None)
-    s.report({0: 9, 1: 9}, "/storage/ck", sources={"0": "last reported", "1": "last reported"})
-    tl = s.steps(10, 12, every=None).fault().decision().start_attempt().steps(10, 20, every=None).finish().timeline()
-    [v] = resumed_from_latest(tl, DET)
-    assert v.status == "pass", v.line()
-    assert v.evidence["latest_checkpoint_step"] == 9
+def step_less_checkpoint_after_step_9(restart_at, loss=True):
+    """As the recorder makes it: steps 1..9, a checkpoint reported without a step (it holds the
+    state after step 9), steps 10..12, the fault; the restart loads it and begins at
+    ``restart_at`` (10: right; 11: step 10 skipped), each step's loss that of the state it began
+    from (``loss=False``: no loss reported)."""
+    run = Recorded(state_metric="auto" if loss else None).start_attempt()
+    for s in range(1, 13):
+        run.report({"step": s, "loss": train_loss(0, s)} if loss else {"step": s})
+        if s == 9:
+            run.report({}, "/storage/ck9")
+    run.fault().start_attempt()
+    for k, s in enumerate(range(restart_at, 21), start=10):
+        run.report({"step": s, "loss": train_loss(0, k)} if loss else {"step": s})
+    return run.finish().timeline()
+
+
+def test_a_step_less_checkpoint_after_step_9_is_judged_by_the_restarts_state_value():
+    # the recorder gives the checkpoint no step (it used to give it rank 0's last, 9, which
+    # this test once took as given): after step 9 or before step 10's metrics, the first
+    # state value decides — a restart at 10 from the state after 9 passes ...
+    [v] = resumed_from_latest(step_less_checkpoint_after_step_9(10), DET)
+    assert v.status == "pass" and v.evidence["latest_checkpoint_step"] == 9, v.line()
+    assert "step 10 reproduced" in v.message, v.line()
+    # ... its twin that skips step 10 fails ...
+    [v] = resumed_from_latest(step_less_checkpoint_after_step_9(11), DET)
+    assert v.status == "fail" and v.diagnosis is Diagnosis.PAST_THE_CHECKPOINT, v.line()
+    # ... and with no state value nothing tells: unverifiable, never the pass it once was
+    [v] = resumed_from_latest(step_less_checkpoint_after_step_9(10, loss=False), DET)
+    assert v.status == "unverifiable" and v.diagnosis is Diagnosis.CHECKPOINT_STEP_AMBIGUOUS, v.line()
+    assert v.evidence["latest_checkpoint_step"] is None
 
 
 def stepless_checkpoint_then_restart(later_checkpoint):
