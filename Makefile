@@ -33,7 +33,8 @@ node_modules/.installed: package.json package-lock.json
 #   make chaos        the chaos suites on the embedded clusters: every catalog fault kind and
 #                     budget class once (suites marked `extended` are left to make
 #                     integration), then the README's own-script command as a user runs it,
-#                     then a short seeded campaign (make soak DURATION=$(CHAOS_SOAK)).
+#                     then the installed wheel from outside a cluster (make wheel-test), then a
+#                     short seeded campaign (make soak DURATION=$(CHAOS_SOAK)).
 #   make integration  the rest on real clusters (not in CI): extended suites, user and
 #                     framework scripts in their own sessions, profile stand-ins, SIGTERM/
 #                     SIGKILL + sweep sessions; re-records tests/contract/fixtures.
@@ -52,18 +53,25 @@ chaos: setup
 	$(PYTEST) -m "chaos and not extended" suites $(call XDIST_SUITES,$(JOBS)) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
 	$(MAKE) --no-print-directory own-script
+	$(MAKE) --no-print-directory wheel-test
 	$(MAKE) --no-print-directory soak DURATION=$(CHAOS_SOAK) ARGS=
 
 # The README's "Your own training script" command, literally (a test checks they agree).
 own-script: setup
 	.venv/bin/pytest -m chaos suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity --chaos-workload "python my_train.py" --chaos-workload-dir examples/workloads --alluredir $(ALLURE)
 
+# The harness as a team installs it (tests/wheel): the wheel built from a fresh copy of the
+# checkout, installed into a new virtualenv (dependencies from pip's index and cache), run by a
+# runner that cannot see the checkout against the foreign-cluster stand-in, then the report.
+wheel-test: setup
+	$(PYTEST) -m integration tests/wheel -p no:cacheprovider -rA
+
 # The seeded fault campaign (suites/test_campaign.py, marker soak; make chaos ends with a short one):
 # one run of about DURATION seconds through a schedule drawn from --chaos-seed, e.g.
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
 DURATION ?= 240
-.PHONY: soak own-script integration integration-sessions integration-suites
+.PHONY: soak own-script wheel-test integration integration-sessions integration-suites
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
@@ -88,7 +96,7 @@ lint: setup
 INTEGRATION_JOBS ?= 2
 integration: integration-sessions integration-suites
 integration-sessions: setup
-	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration \
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration --ignore=tests/wheel \
 	  $(if $(filter-out 1,$(INTEGRATION_JOBS)),-n $(INTEGRATION_JOBS) --dist worksteal) -p no:cacheprovider \
 	  -rfEs --durations=0 $(ARGS)
 integration-suites: setup

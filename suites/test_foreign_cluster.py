@@ -131,9 +131,11 @@ def passed(out: str) -> list[str]:
     return re.findall(r"^PASSED (\S+)", out, re.M)
 
 
+@pytest.mark.extended
 def test_a_raylet_kill_from_outside_a_cluster_the_harness_did_not_start(foreign, request):
-    """One fault family per commit: a raylet SIGKILLed on the stand-in by a harness outside it,
-    judged as on any cluster, and nothing of the harness's side seen by the cluster's hosts."""
+    """A raylet SIGKILLed on the stand-in by a harness outside it, judged as on any cluster, and
+    nothing of the harness's side seen by the cluster's hosts.  Per commit, the installed wheel
+    does the same (tests/wheel/test_wheel.py, make chaos)."""
     code, out, reports, canaries = outside(request, foreign, [
         "suites/test_raylet_kill.py::test_raylet_kill_with_spare_capacity"], "raylet")
     assert "preflight:" in out and "no raylet" in out, out[-3000:]

@@ -180,15 +180,16 @@ class ForeignCluster:
             raise ClusterError(f"the foreign cluster did not come up: {e}; ray.log tails: {logs}") from e
 
     def run_outside(self, command: str, cwd: Path, timeout: float, env: dict[str, str] | None = None,
-                    echo=None) -> tuple[int, str]:
+                    echo=None, hide: tuple[str, ...] = ()) -> tuple[int, str]:
         """Run ``command`` (sh) from ``cwd`` in a runner of its own on the cluster's bridge (its
-        own PID, mount and network namespace; this machine's files), as a CI runner outside
-        the cluster; return (exit code, output).  ``echo(line)``: each output line as it comes."""
+        own PID, mount and network namespace; this machine's files but ``hide``), as a CI runner
+        outside the cluster; return (exit code, output).  ``echo(line)``: each output line as it comes."""
         code = self.network.state_dir / "fc-runner" / "exit-code"
         code.unlink(missing_ok=True)
         runner = self.network.add_host("fc-runner", workload=[
             "sh", "-c", f"cd {shlex.quote(str(cwd))} && {command}; echo $? > {code}.tmp && mv {code}.tmp {code}"],
-            env={"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", **(env or {})})
+            env={"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", **(env or {})},
+            isolation=Isolation(hide=hide, private=()) if hide else None)
         runner.workload_log.unlink(missing_ok=True)
         seen = 0
 
