@@ -150,7 +150,8 @@ def baseline_path(timeline: Timeline) -> dict[int, tuple[str, str]]:
     committed off that path) — and why not all of it ('' where all).  The baseline ran at the
     size the run began with: both started on the healthy cluster.  {} where no size changed."""
     events = faulted_run_events(timeline)
-    sizes = {e.attempt: len(e.data.get("placement") or []) for e in events if e.kind == "attempt_started"}
+    sizes = {e.attempt: len(e.data.get("placement") or []) for e in events
+             if e.kind == "attempt_started" and e.attempt is not None}
     if len(set(sizes.values())) < 2:
         return {}
     size = sizes[min(sizes)]
@@ -160,7 +161,7 @@ def baseline_path(timeline: Timeline) -> dict[int, tuple[str, str]]:
     for e in events:
         if e.kind == "report" and e.data.get("checkpoint"):
             commits.append(e)
-        if e.kind != "attempt_started" or e.attempt not in sizes:
+        if e.kind != "attempt_started" or e.attempt is None or e.attempt not in sizes:
             continue
         start = commits[-1].attempt if commits else None
         from_path = on.get(start, True) if start is not None else True

@@ -79,12 +79,12 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
                                                     and r.attempt > first_attempt}, True)
     path = baseline_path(timeline)
     out.off_path = {a: why for a, (_, why) in path.items() if why}
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int | None, int]] = set()
     for r in reports:
         for rank, (step, state) in rank_states(r, metric, TRAJECTORY_METRICS).items():
             out.stateless = out.stateless and not state
             want = base.get(rank, {}).get(step_key(step)) or {}
-            allowed = _comparable(path.get(r.attempt), (r.attempt, rank) in seen)
+            allowed = _comparable(path.get(r.attempt) if r.attempt is not None else None, (r.attempt, rank) in seen)
             common = sorted(m for m in set(state) & set(want) if (allowed is None or m in allowed)
                             and comparable(want[m]))
             seen.add((r.attempt, rank))
