@@ -35,6 +35,18 @@ CAPABILITIES: dict[str, str] = {
                      "embedded cluster runs its own)",
 }
 
+# What a kind does on a host that needs more than the login user's own rights, over SSH: each is
+# run as root (the login user, or through the profile's ``ssh.become``).  ``ray-chaos doctor``
+# checks them per host and a session refuses a kind whose privileges a host lacks before any
+# injection.  Kinds that act through Ray's own API, the Kubernetes API or the storage proxy
+# need none of these.
+PRIVILEGES: dict[str, str] = {
+    "signal-ray": "send signals to Ray's processes (kill), which run as another user on most clusters",
+    "reboot": "reboot the machine (systemctl reboot, or reboot)",
+    "iptables": "add and remove iptables chains (the partition's cut)",
+    "kmsg": "write the kernel log (/dev/kmsg), as a GPU driver's Xid line",
+}
+
 # Why a kind is never drawn into a seeded campaign (chaos.campaign): a closed list, so that a
 # new kind states one of these or its draw.
 NOT_DRAWN: dict[str, str] = {
@@ -85,8 +97,12 @@ class FaultKind:
     charge_measured: bool = False
     draw: Draw | None = None  # how a campaign draws it; None: never, for the reason below
     not_drawn: str | None = None  # a key of NOT_DRAWN
+    privileges: tuple[str, ...] = ()  # keys of PRIVILEGES it needs on the target host over SSH
 
     def __post_init__(self):
+        for p in self.privileges:
+            if p not in PRIVILEGES:
+                raise ValueError(f"fault kind {self.name}: privilege {p!r} is none of {', '.join(PRIVILEGES)}")
         if self.needs is not None and self.needs not in CAPABILITIES:
             raise ValueError(f"fault kind {self.name}: needs {self.needs!r}, not a capability ({', '.join(CAPABILITIES)})")
         if (self.draw is None) == (self.not_drawn is None):
@@ -96,15 +112,16 @@ class FaultKind:
 
 
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("raylet-kill", "worker_group", draw=Draw()),
-    FaultKind("worker-kill", "worker_group", draw=Draw()),
-    FaultKind("node-reboot", "worker_group", draw=Draw()),
-    FaultKind("partition", "worker_group", draw=Draw()),
+    FaultKind("raylet-kill", "worker_group", draw=Draw(), privileges=("signal-ray",)),
+    FaultKind("worker-kill", "worker_group", draw=Draw(), privileges=("signal-ray",)),
+    FaultKind("node-reboot", "worker_group", draw=Draw(), privileges=("reboot",)),
+    FaultKind("partition", "worker_group", draw=Draw(), privileges=("iptables",)),
     FaultKind("cuda", "worker_group", not_drawn="arms-the-run"),
     # Ray's own drain request: a node killed while draining is charged to the preemption budget
     # (deterministic); via="sigterm" is not drawn (its charge races: README).
     FaultKind("preempt", "preemption",
-              draw=Draw({"deadline_s": (5.0, 8.0)}, fixed={"via": "drain"}, notice_param="deadline_s")),
+              draw=Draw({"deadline_s": (5.0, 8.0)}, fixed={"via": "drain"}, notice_param="deadline_s"),
+              privileges=("signal-ray",)),
     # Kubernetes (chaos/faults/kube.py): a hard pod delete is a failure (rarely a preemption, by
     # the race below); a graceful one, an eviction or a drain SIGTERMs `ray start --block`,
     # which drains the node as PREEMPTION (what Ray 2.60 really charges: README, "Which budget
@@ -123,7 +140,8 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     # A GPU failure the node's health agent must see (Xid in the kernel log + every driver call
     # failing until the node reboots): detection is the agent's, recovery a node reboot or
     # replacement, the charge whatever Ray makes of both (timing-dependent: README).
-    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, charge_measured=True, not_drawn="arms-the-run"),
+    FaultKind("xid", None, slo_detect_s=60.0, slo_recover_s=600.0, charge_measured=True, not_drawn="arms-the-run",
+              privileges=("kmsg",)),
     # The head (chaos/faults/head.py): no budget is charged — with GCS fault tolerance the run
     # is lost with its driver and resubmitted, without it the cluster is lost (README).
     FaultKind("gcs-kill", None, needs="head", not_drawn="loses-the-run"),

@@ -350,6 +350,10 @@ class SSHSettings(_Model):
     use_agent: bool = True
     """Also offer the keys of the running ssh-agent. With no `key_file` and `use_agent: false` there is no way to
     log in: an error."""
+    become: Literal["sudo"] | None = None
+    """`sudo`: run every privileged command (a fault kind's `privileges` in docs/reference/fault-kinds.md) through
+    `sudo -n`, for a login user other than root with passwordless sudo. Unset: such commands run as the login user,
+    which must then be root."""
 
     @model_validator(mode="after")
     def _can_authenticate(self) -> "SSHSettings":
@@ -391,6 +395,8 @@ class SSHOverride(_Model):
     """Replaces `hosts.defaults.ssh.command_timeout_s` for the matched hosts."""
     use_agent: bool | None = None
     """Replaces `hosts.defaults.ssh.use_agent` for the matched hosts."""
+    become: Literal["sudo"] | None = None
+    """Replaces `hosts.defaults.ssh.become` for the matched hosts."""
 
 
 class Selector(_Model):
