@@ -574,6 +574,11 @@ class Chaos:
         profile = self.env.backend.profile
         if profile is not None and profile.workload.kind == "entrypoint":
             return profile_workload_spec(profile.workload, name, deterministic=self._opt("chaos_deterministic"))
+        if profile is not None and profile.workload.reference is not None:
+            # The profile sizes the reference workload for its cluster; a suite's own arguments
+            # are what that test is about, so they win where both are given.
+            for key, value in profile.workload.reference.model_dump(exclude_unset=True).items():
+                params.setdefault(key, value)
         params.setdefault("seed", self._opt("chaos_seed"))
         params.setdefault("python", self.env.backend.python)
         return reference_spec(name, storage_path, **params)

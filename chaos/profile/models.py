@@ -682,7 +682,8 @@ class ReferenceWorkload(_Model):
 
 class WorkloadSettings(_Model):
     reference: ReferenceWorkload | None = None
-    """The harness's reference Ray Train workload, with these settings. Exactly one of `reference` and `entrypoint`."""
+    """The harness's reference Ray Train workload, with these settings; a suite's own `chaos.workload(...)` arguments
+    win where both are given. Exactly one of `reference` and `entrypoint`."""
     entrypoint: str | None = None
     """The command that starts your training (e.g. `python train.py --epochs 3`), run unchanged as a Ray job on the
     head node: `python` is the first on the PATH of the head's `ray start`, so start the head from the

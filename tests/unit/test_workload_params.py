@@ -55,3 +55,16 @@ def test_the_reference_workload_takes_the_params(session):
     spec = chaos.workload(num_workers=3, max_failures=0, steps=20)
     assert not spec.user_workload
     assert (spec.params["num_workers"], spec.params["max_failures"], spec.params["steps"]) == (3, 0, 20)
+
+
+def test_a_profiles_reference_settings_reach_the_run_under_the_suites_own_arguments():
+    """The profile's workload.reference (steps, step time, workers, budgets) was validated and then
+    dropped: every run used reference_spec's defaults, whatever the profile said."""
+    reference = {"steps": 12, "step_time": 0.1, "num_workers": [2, 3], "resize_interval_s": 5, "max_failures": 1}
+    spec = chaos_with(profile_workload={"reference": reference}).workload()
+    assert (spec.params["steps"], spec.params["step_time"], spec.params["num_workers"],
+            spec.params["resize_interval"], spec.params["max_failures"]) == (12, 0.1, [2, 3], 5.0, 1), spec.params
+    spec = chaos_with(profile_workload={"reference": reference}).workload(steps=40, max_failures=0)
+    assert (spec.params["steps"], spec.params["max_failures"], spec.params["step_time"]) == (40, 0, 0.1), spec.params
+    spec = chaos_with(profile_workload={"reference": {}}).workload()  # the twin: nothing set, the defaults
+    assert (spec.params["steps"], spec.params["num_workers"]) == (30, 2), spec.params
