@@ -36,14 +36,16 @@ class Transport(Protocol):
 
     ``run`` waits for the command (bounded by ``timeout``); ``launch`` starts a command
     and returns without waiting for it (a reboot drops the connection, which is the
-    expected outcome and not an error).
+    expected outcome and not an error).  ``privileged``: the command needs root's rights (a
+    fault kind's catalog ``privileges``); a transport whose commands do not run as root
+    already gets them for it (the SSH transport's ``become``).
     """
 
     host: str
 
-    def run(self, command: str | Sequence[str], timeout: float = 30.0) -> CommandResult: ...
+    def run(self, command: str | Sequence[str], timeout: float = 30.0, privileged: bool = False) -> CommandResult: ...
 
-    def launch(self, command: str | Sequence[str]) -> None: ...
+    def launch(self, command: str | Sequence[str], privileged: bool = False) -> None: ...
 
     def close(self) -> None: ...
 

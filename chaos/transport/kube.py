@@ -79,7 +79,9 @@ def exit_code(status_text: str) -> int:
 
 class KubeExecTransport:
     """Transport into one pod's container (see chaos.transport.base.Transport); ``host`` is
-    the pod's name.  Each command is its own exec stream, so nothing is shared to go stale."""
+    the pod's name.  Each command is its own exec stream, so nothing is shared to go stale.
+    Commands run as the container's user, the one Ray runs as there: ``privileged`` changes
+    nothing (the catalog's privileges are what hosts over SSH need)."""
 
     def __init__(self, access: "KubeAccess", pod_name: str, container: str | None = None,
                  command_timeout: float = 60.0):
@@ -176,7 +178,7 @@ class KubeExecTransport:
         ws.close()
 
     # --- Transport ---------------------------------------------------------------------------------
-    def run(self, command: str | Sequence[str], timeout: float | None = None) -> CommandResult:
+    def run(self, command: str | Sequence[str], timeout: float | None = None, privileged: bool = False) -> CommandResult:
         """Run once and wait, handshake included, at most ``timeout`` (default: command_timeout)."""
         cmd = as_shell(command)
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
@@ -229,7 +231,7 @@ class KubeExecTransport:
         except ValueError as e:
             raise TransportError(f"{self.where}: could not run `{cmd}`: {e}") from e
 
-    def launch(self, command: str | Sequence[str]) -> None:
+    def launch(self, command: str | Sequence[str], privileged: bool = False) -> None:
         """Start ``command`` in the background in the pod and return once it is started; its
         output is discarded and its exit status is not known (only failing to start the
         shell that starts it is an error).  Detached from the exec stream on purpose: a

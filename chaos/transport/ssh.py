@@ -25,6 +25,7 @@ import paramiko
 import tenacity
 
 from chaos.errors import ChaosError, TransportError
+from chaos.privileges import escalate
 from chaos.transport.base import CommandResult, Transport, as_shell
 
 log = logging.getLogger(__name__)
@@ -83,12 +84,15 @@ class SSHTransport:
     Authentication uses ``key_filename`` and/or the ssh-agent (``use_agent``); keys in
     ~/.ssh are never picked up implicitly. ``connect_timeout`` bounds connecting as a
     whole, retries included. ``jump_host`` is another SSHTransport to tunnel through.
+    A command run with ``privileged=True`` runs as root: as it is when ``user`` is root, else
+    through ``become`` (chaos.privileges.escalate), or as ``user`` when that is None (and
+    then fails without root's rights, which chaos.privileges.probe tells beforehand).
     """
 
     def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | os.PathLike | None = None,
                  known_hosts: str | os.PathLike = "~/.ssh/known_hosts", trust_on_first_use: bool = False,
                  connect_timeout: float = 5.0, command_timeout: float = 30.0, use_agent: bool = True,
-                 jump_host: "SSHTransport | None" = None):
+                 jump_host: "SSHTransport | None" = None, become: str | None = None):
         self.host = host
         self.port = port
         self.user = user
@@ -99,6 +103,7 @@ class SSHTransport:
         self.command_timeout = command_timeout
         self.use_agent = use_agent
         self.jump_host = jump_host
+        self.become = become  # how a privileged command gets root when the login user is not root
         self.transcript: list[TranscriptEntry] = []
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
@@ -224,9 +229,13 @@ class SSHTransport:
 
     # --- Transport -----------------------------------------------------------------------
 
-    def run(self, command: str | Sequence[str], timeout: float | None = None) -> CommandResult:
+    def as_root(self, command: str | Sequence[str]) -> str:
+        """``command`` as this host runs it with root's rights (the one place that decides)."""
+        return as_shell(command) if self.user == "root" else escalate(as_shell(command), self.become)
+
+    def run(self, command: str | Sequence[str], timeout: float | None = None, privileged: bool = False) -> CommandResult:
         """Run once and wait (``timeout`` default: command_timeout); never retried."""
-        cmd = as_shell(command)
+        cmd = self.as_root(command) if privileged else as_shell(command)
         timeout = self.command_timeout if timeout is None else timeout
         started, t0 = time.time(), time.monotonic()
         out, err = bytearray(), bytearray()
@@ -274,13 +283,13 @@ class SSHTransport:
             raise TransportError(f"{self.host}: connection lost while running `{cmd}` (no exit status)")
         return status
 
-    def launch(self, command: str | Sequence[str], grace: float = 1.0) -> None:
+    def launch(self, command: str | Sequence[str], grace: float = 1.0, privileged: bool = False) -> None:
         """Start a command and return without waiting for it to finish.
 
         Waits at most ``grace`` seconds to catch a command that fails at once (e.g. not
         found). A dropped connection is the expected outcome of a reboot, not an error.
         """
-        cmd = as_shell(command)
+        cmd = self.as_root(command) if privileged else as_shell(command)
         started, t0 = time.time(), time.monotonic()
         chan = self._open_session(cmd)
         try:

@@ -53,8 +53,8 @@ LAYERS: dict[str, int] = {
     "chaos.shim.driver_client": 1, "chaos.train.recording": 1,
     # 2 reaching things: transports (local, ssh, k8s exec + API access, Ray gRPC), the Ray
     #   cluster view, shipping the shim over a transport, the safety rules over profile settings,
-    #   a way out's deadline.
-    "chaos.transport": 2, "chaos.cluster": 2, "chaos.shim": 2, "chaos.safety": 2, "chaos.cleanup": 2,
+    #   a way out's deadline, running a command as root on a host (and asking whether it can).
+    "chaos.transport": 2, "chaos.privileges": 2, "chaos.cluster": 2, "chaos.shim": 2, "chaos.safety": 2, "chaos.cleanup": 2,
     # 3 the embedded cluster, its test hosts and emulated control planes (run by a backend); object
     #   storage: the S3 server and fault proxy the harness runs, a job's S3 settings, the storage events.
     "chaos.embedded": 3, "chaos.storage": 3,
