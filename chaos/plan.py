@@ -114,8 +114,8 @@ def _params(fault) -> str:
 
 
 def _expected(backend: "Backend", spec: "RunSpec", expect: "Expect", baseline: bool) -> list[str]:
-    source = (f"profile {backend.profile.name}'s slo, else the --chaos-slo-* options" if backend.profile is not None
-              else "--chaos-slo-detect / --chaos-slo-recover")
+    source = ("the --chaos-slo-* options where given, else " + (f"profile {backend.profile.name}'s for the kind, "
+              "else " if backend.profile is not None else "") + "the kind's own (docs/reference/fault-kinds.md)")
     charges = "; ".join(f"{n} to {cls} ({_limit(spec, cls)})" for cls, n in sorted(expect.charges.items())) or \
         "none (no fault of this test is charged to a retry budget)"
     out = [f"  expected charge: {charges}" + (", and the budget exhausted: the run must fail cleanly"

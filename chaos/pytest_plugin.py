@@ -82,9 +82,12 @@ def pytest_addoption(parser):
                 help="embedded cluster: bring a node whose raylet died back, as SageMaker HyperPod does")
     g.addoption("--chaos-recovery-delay", type=float, default=2.0, metavar="S",
                 help="embedded cluster: seconds before a dead node is brought back")
-    g.addoption("--chaos-slo-detect", type=float, default=30.0, metavar="S", help="SLO: fault → node DEAD")
-    g.addoption("--chaos-slo-recover", type=float, default=120.0, metavar="S",
-                help="SLO: fault → first report of the next attempt")
+    g.addoption("--chaos-slo-detect", type=float, default=None, metavar="S",
+                help="SLO: fault → node DEAD, for every kind (unset: the profile's for the kind, else the kind's "
+                     "own in docs/reference/fault-kinds.md); a suite's chaos.expect(slo_detect_s=) wins")
+    g.addoption("--chaos-slo-recover", type=float, default=None, metavar="S",
+                help="SLO: fault → first report of the next attempt, for every kind (unset: the profile's for the "
+                     "kind, else the kind's own); a suite's chaos.expect(slo_recover_s=) wins")
     g.addoption("--chaos-raylet-kill", choices=list(RayletKill.METHODS), default="grpc",
                 help="raylet kill through Ray's ShutdownRaylet gRPC, or SIGKILL of the raylet PID")
     g.addoption("--chaos-seed", type=int, default=0, metavar="N",
@@ -630,10 +633,7 @@ class Chaos:
         named = {k: v for k, v in charged.items() if v}
         if named != implied:  # the suite's own totals: a kind whose class they do not name claims none
             by_kind = {k: c if c in named else None for k, c in by_kind.items()}
-        if profile is not None and kinds:
-            slos = [profile.slo_for(k) for k in kinds]
-        else:
-            slos = [(self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover"))]
+        slos = [self._slo_for(k) for k in kinds] or [self._slo_for(None)]
         return dataclasses.replace(
             expect, charged=charged,
             charge_by_kind=expect.charge_by_kind if expect.charge_by_kind is not None else by_kind,
@@ -642,6 +642,16 @@ class Chaos:
             deterministic=workload.deterministic if expect.deterministic is None else expect.deterministic,
             baseline=expect.baseline or bool(self._opt("chaos_baseline")),
             state_rtol=_state_rtol(expect.state_rtol, self._opt("chaos_state_rtol")))
+
+    def _slo_for(self, kind: str | None) -> tuple[float, float]:
+        """(detect, recover) SLOs for a fault kind: an option given on the command line, else the
+        profile's for the kind, else the catalog's (None: no fault, the catalog's defaults)."""
+        profile = self.env.backend.profile
+        own = (profile.slo_for(kind) if profile is not None and kind is not None else
+               (catalog.kind(kind).slo_detect_s, catalog.kind(kind).slo_recover_s) if kind is not None else
+               (catalog.DEFAULT_SLO_DETECT_S, catalog.DEFAULT_SLO_RECOVER_S))
+        given = (self._opt("chaos_slo_detect"), self._opt("chaos_slo_recover"))
+        return (given[0] if given[0] is not None else own[0], given[1] if given[1] is not None else own[1])
 
     def run(self, workload: RunSpec, faults: list, expect: Expect | None = None) -> Outcome:
         """Run ``faults`` [(trigger, fault)] against ``workload``; ``expect`` overrides what

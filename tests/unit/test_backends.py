@@ -399,7 +399,7 @@ def test_a_cuda_fault_is_not_armed_in_a_process_without_the_shim(state, pid, mes
 USER = user_spec("python train.py", "t-1", working_dir="/tmp")
 
 
-def chaos_with(profile_=None, detect=30.0, recover=120.0, state_rtol=None) -> Chaos:
+def chaos_with(profile_=None, detect=None, recover=None, state_rtol=None) -> Chaos:
     options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": state_rtol,
                "chaos_baseline": False}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
@@ -421,6 +421,24 @@ def test_expectation_reads_the_profiles_slos_and_budget_per_kind():
     assert e.charged == {"preemption": 1, "worker_group": 1}
     assert e.charge_by_kind == {"cuda": "worker_group", "raylet-kill": "preemption"}  # each fault's own class
     assert (e.slo_detect_s, e.slo_recover_s) == (5, 40)  # the strictest of the kinds'
+
+
+def test_slos_an_option_given_wins_over_the_profile_and_the_profile_over_the_catalog():
+    """--chaos-slo-* defaulted to 30/120 s and replaced every kind's own SLO without a profile (an
+    Xid's 60/600 s judged at 30/120), while with a profile an option given on the command line was
+    dropped.  Now: chaos.expect > the option given > the profile's for the kind > the catalog's."""
+    from chaos.faults import catalog
+    xid = [(None, types.SimpleNamespace(kind="xid"))]
+    e = chaos_with(detect=None, recover=None)._expectation(chaos_with().expect(), xid, USER)
+    assert (e.slo_detect_s, e.slo_recover_s) == (catalog.kind("xid").slo_detect_s, catalog.kind("xid").slo_recover_s)
+    e = chaos_with(detect=7, recover=None)._expectation(chaos_with().expect(), xid, USER)
+    assert (e.slo_detect_s, e.slo_recover_s) == (7, catalog.kind("xid").slo_recover_s)
+    p = profile(faults={"raylet-kill": {"slo_detect_s": 5, "slo_recover_s": 50}})
+    e = chaos_with(p, detect=None, recover=80)._expectation(chaos_with().expect(), [(None, RayletKill())], USER)
+    assert (e.slo_detect_s, e.slo_recover_s) == (5, 80)
+    e = chaos_with(p, detect=None, recover=80)._expectation(chaos_with().expect(slo_recover_s=33),
+                                                            [(None, RayletKill())], USER)
+    assert e.slo_recover_s == 33
 
 
 def test_what_the_suite_says_overrides_what_the_faults_imply():
