@@ -687,12 +687,12 @@ def test_a_signal_already_on_the_node_makes_the_chain_unverifiable_not_a_pass():
         assert "already carried" in failed.data["error"] and not timeline.of("node_agent_acted"), timeline.events
 
 
-# -- the example Job's RBAC (examples/kubernetes/chaos-job.yaml) -------------------------------------
-EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "chaos-job.yaml"
+# -- the example CronJob's RBAC (examples/kubernetes/chaos-cronjob.yaml) ---------------------------------
+EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "chaos-cronjob.yaml"
 
 
 def example_job_rbac(namespace: str = "default") -> Rbac:
-    """The example Job's Role (here in ``namespace``) and ClusterRole as the emulator's allow-list,
+    """The example CronJob's Role (here in ``namespace``) and ClusterRole as the emulator's allow-list,
     which matches resources by name (``pods/exec``), not by API group."""
     rules = []
     for doc in YAML(typ="safe").load_all(EXAMPLE_JOB.read_text()):
@@ -705,7 +705,7 @@ def example_job_rbac(namespace: str = "default") -> Rbac:
 def test_the_example_jobs_rbac_lets_the_kubernetes_faults_and_the_backend_through(kubelet):
     """Every API call of the pod faults, a drain and its revert, exec into a Ray pod, the
     node-shell pod of the xid fault, the node watch and the RayCluster lookup, made with the
-    example Job's permissions and no other: a missing one is a 403 naming it."""
+    example CronJob's permissions and no other: a missing one is a 403 naming it."""
     budget = DisruptionBudget("ray-workers", "default", "ray.io/group=gpu", min_available=1)
     with serve(lifecycle=kubelet, budgets=[budget], rbac=example_job_rbac()) as server:
         for name in ("n1", "n2"):
