@@ -2,8 +2,8 @@
 
 One table drives discovery (what ``/api/v1`` and ``/apis/...`` advertise, which kubectl reads
 before every command), routing, field selectors and RBAC names, so the three cannot drift
-apart.  Only core ``pods``, ``nodes`` and ``namespaces`` are stored; ``ray.io/v1``
-``rayclusters`` is advertised so a reconciler can be added without touching discovery.
+apart.  Core ``pods``, ``nodes`` and ``namespaces`` and ``ray.io/v1`` ``rayclusters`` are stored;
+``authorization.k8s.io/v1`` ``selfsubjectaccessreviews`` are answered, never stored.
 """
 
 from __future__ import annotations
@@ -80,9 +80,14 @@ NAMESPACES = Resource(
 RAYCLUSTERS = Resource("rayclusters", "RayCluster", True, group="ray.io", version="v1", fields=_META_FIELDS,
                        subresources={"status": {"kind": "RayCluster", "verbs": ["get", "patch", "update"]}})
 
+# Not stored: a create answers whether the caller may do something (rbac.access_review).
+SELF_SUBJECT_ACCESS_REVIEWS = Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+                                       group="authorization.k8s.io", verbs=("create",))
+
 CORE = {r.plural: r for r in (PODS, NODES, NAMESPACES)}
 # The API groups served besides the core group; "policy" exists for pods/eviction's Eviction kind.
-GROUPS = {"policy": ("v1", []), "ray.io": ("v1", [RAYCLUSTERS])}
+GROUPS = {"policy": ("v1", []), "ray.io": ("v1", [RAYCLUSTERS]),
+          "authorization.k8s.io": ("v1", [SELF_SUBJECT_ACCESS_REVIEWS])}
 
 
 def now() -> str:

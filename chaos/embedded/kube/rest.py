@@ -5,6 +5,9 @@ and the same under ``/apis/<group>/<version>``).  Answers are always JSON, whate
 client's Accept asks (protobuf, Table): kubectl and client-go accept JSON.  Updates through
 the main resource keep the stored status and updates through ``/status`` keep everything
 else; a no-op patch keeps the resource version; a stale ``resourceVersion`` is a 409.
+A create with ``dryRun=All`` runs validation and admission and stores nothing (other verbs
+refuse ``dryRun`` rather than act for real); a ``SelfSubjectAccessReview`` is answered from
+the allow-list.
 """
 
 from __future__ import annotations
@@ -15,17 +18,19 @@ from typing import Any
 
 from aiohttp import web
 
-from chaos.embedded.kube import podexec, watch
+from chaos.embedded.kube import podexec, protobuf, watch
+from chaos.embedded.kube.admission import admit_pod
 from chaos.embedded.kube.eviction import Evictions
 from chaos.embedded.kube.lifecycle import PodLifecycle
 from chaos.embedded.kube.patch import apply_patch
 from chaos.embedded.kube.pods import Pods
-from chaos.embedded.kube.rbac import Rbac
-from chaos.embedded.kube.resources import CORE, GROUPS, NAMESPACES, PODS, Resource, prepare_new
+from chaos.embedded.kube.rbac import Rbac, access_review
+from chaos.embedded.kube.resources import CORE, GROUPS, NAMESPACES, PODS, SELF_SUBJECT_ACCESS_REVIEWS, Resource, \
+    prepare_new
 from chaos.embedded.kube.selectors import (
     fields_match, labels_match, parse_field_selector, parse_label_selector, LABEL_KEY, LABEL_VALUE)
-from chaos.embedded.kube.status import ApiError, bad_request, conflict, invalid, method_not_allowed, \
-    not_found, unsupported_media_type
+from chaos.embedded.kube.status import ApiError, already_exists, bad_request, conflict, invalid, \
+    method_not_allowed, not_found, unsupported_media_type
 from chaos.embedded.kube.store import Store
 
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
@@ -55,6 +60,21 @@ def parse_int(query: Any, name: str) -> int | None:
         raise bad_request(f'invalid value "{value}" for query parameter {name}: not an integer') from None
 
 
+def parse_dry_run(query: Any, verb: str) -> bool:
+    """``dryRun=All`` (the only value the apiserver accepts), on a create only: a dry run of
+    another verb is refused rather than carried out for real."""
+    values = query.getall("dryRun", []) if hasattr(query, "getall") else [query.get("dryRun")]
+    values = [v for v in values if v]
+    if not values:
+        return False
+    if any(v != "All" for v in values):
+        raise invalid("CreateOptions.meta.k8s.io", "", "dryRun",
+                      "Unsupported value: []string{" + ", ".join(f'"{v}"' for v in values) + '}: supported values: "All"')
+    if verb != "create":
+        raise bad_request(f"dryRun is emulated on create only, not on {verb}: nothing was done")
+    return True
+
+
 def json_response(body: Any, code: int = 200) -> web.Response:
     return web.Response(status=code, text=json.dumps(body), content_type="application/json")
 
@@ -75,6 +95,14 @@ async def read_body(request: web.Request) -> Any:
         return json.loads(raw)
     except ValueError as err:
         raise bad_request(f"the request body is not valid JSON: {err}") from None
+
+
+async def read_review(request: web.Request) -> Any:
+    """A SelfSubjectAccessReview body: JSON, or protobuf as kubectl >= 1.32 sends it."""
+    media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if media == protobuf.MEDIA_TYPE:
+        return protobuf.decode_access_review(await request.read())
+    return await read_body(request)
 
 
 def validate_labels(kind: str, obj: dict) -> None:
@@ -140,6 +168,9 @@ class Rest:
         full = f"{target.resource.plural}/{target.sub}" if target.sub else target.resource.plural
         if verb is None or verb not in allowed or (target.name is None and verb not in ("list", "watch", "create")):
             raise method_not_allowed(verb or method, full)
+        dry_run = parse_dry_run(query, verb if target.name is None else f"{verb} {full}")
+        if target.resource is SELF_SUBJECT_ACCESS_REVIEWS:  # any caller may ask what it may do
+            return json_response(access_review(self.rbac, await read_review(request)), 201)
         self._authorize(verb, target)
         if target.sub == "log":
             pod = self.store.require(PODS.plural, target.namespace, target.name)
@@ -150,7 +181,7 @@ class Rest:
         if verb in ("list", "watch"):
             return await self._collection(request, target, verb)
         if target.name is None:
-            return json_response(self._create(target, await read_body(request)), 201)
+            return json_response(self._create(target, await read_body(request), dry_run), 201)
         if verb == "get":
             return json_response(self.store.require(target.resource.plural, target.namespace, target.name))
         if target.sub == "eviction":
@@ -199,13 +230,22 @@ class Rest:
         return json_response({"kind": f"{target.resource.kind}List", "apiVersion": target.resource.api_version,
                               "metadata": {"resourceVersion": str(rv)}, "items": selected})
 
-    def _create(self, target: Target, body: Any) -> dict:
+    def _create(self, target: Target, body: Any, dry_run: bool) -> dict:
+        """Validate, admit, store; a dry run stops before storing and answers the object as it
+        would be created (name generated, uid and timestamp set, no resourceVersion)."""
         if not isinstance(body, dict):
             raise bad_request(f"the body of a create must be a {target.resource.kind} object")
-        if target.resource.namespaced and self.store.get(NAMESPACES.plural, None, target.namespace) is None:
+        namespace = self.store.get(NAMESPACES.plural, None, target.namespace) if target.resource.namespaced else None
+        if target.resource.namespaced and namespace is None:
             raise not_found(NAMESPACES.plural, target.namespace)
         obj = prepare_new(target.resource, body, target.namespace)
         validate_labels(target.resource.kind, obj)
+        if target.resource is PODS:
+            admit_pod(namespace, obj)
+        if dry_run:
+            if self.store.get(target.resource.plural, target.namespace, obj["metadata"]["name"]) is not None:
+                raise already_exists(target.resource.plural, obj["metadata"]["name"])
+            return obj
         if target.resource is PODS:
             return self.pods.create(obj)
         return self.store.create(target.resource.plural, obj)

@@ -4,9 +4,10 @@ No kube-apiserver can run on the machines this harness is tested on, so this ser
 the real wire protocol — the REST paths, JSON bodies, watch streams, WebSocket exec and
 Status errors that kubectl and the official Python client use — over a small in-memory
 store.  Everything a fault needs is here (pod delete with and without grace, eviction with
-disruption budgets, node labels and cordon, exec); admission, scheduling, protobuf, SPDY
+disruption budgets, node labels and cordon, exec), with server-side dry run on create and
+Pod Security admission's main checks; scheduling, protobuf (but for access reviews), SPDY
 and aggregated discovery are not.  Any bearer token (or none) is accepted; an optional
-``Rbac`` refuses what it does not allow.
+``Rbac`` refuses what it does not allow and answers SelfSubjectAccessReviews.
 """
 
 from __future__ import annotations
