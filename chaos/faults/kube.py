@@ -288,14 +288,12 @@ def delete_node_shells(kube) -> list[str]:
     return [p.metadata.name for p in pods]
 
 
-def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, str], what: str,
-                      timeout_s: float = 120.0) -> str:
-    """Run ``script`` as root on ``node`` in a one-shot privileged pod (hostPID, the node's
-    ``/dev/kmsg`` mounted at the same path), as ``kubectl debug node/…`` does; return its
-    output.  Refused by the API server (RBAC, Pod Security admission) or by the script: an
-    InjectionError naming the node and the reason.  The pod is deleted on every path."""
-    body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "chaos-node-shell-", "namespace": kube.namespace,
+def node_shell_pod(namespace: str, node: str, image: str, script: str, env: dict[str, str]) -> dict:
+    """The one-shot privileged pod (hostPID, the node's ``/dev/kmsg`` mounted at the same path)
+    that runs ``script`` as root on ``node``, as ``kubectl debug node/…`` does; ``ray-chaos
+    doctor`` submits the same manifest as a server-side dry run."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "chaos-node-shell-", "namespace": namespace,
                          "labels": dict(NODE_SHELL_LABELS)},
             "spec": {"nodeName": node, "restartPolicy": "Never", "hostPID": True,
                      "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 0,
@@ -304,6 +302,14 @@ def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, s
                                      "securityContext": {"privileged": True},
                                      "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg"}]}],
                      "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}]}}
+
+
+def write_by_node_pod(kube, node: str, image: str, script: str, env: dict[str, str], what: str,
+                      timeout_s: float = 120.0) -> str:
+    """Run ``script`` as root on ``node`` in the node-shell pod; return its output.  Refused by
+    the API server (RBAC, Pod Security admission) or by the script: an InjectionError naming
+    the node and the reason.  The pod is deleted on every path."""
+    body = node_shell_pod(kube.namespace, node, image, script, env)
     try:
         pod = kube.core.create_namespaced_pod(kube.namespace, body)
     except ApiException as err:
