@@ -14,6 +14,9 @@ do).  Point boto3 at it with ``endpoint_url=endpoint.url``.  Served operations
   ``InvalidInstanceStatus`` (our choice: AWS does not document which code that case gets).
   ``NodeLogicalIds`` are not modelled: each goes to ``FailedNodeLogicalIds`` with
   ``InstanceIdNotFound``.
+* ``DescribeCluster``: the cluster ``InService`` with one instance group per
+  ``instance-group-name`` label (counts of its nodes), ``NodeRecovery: Automatic`` — what
+  ``ray-chaos doctor`` reads to see that the credentials and the cluster name work.
 * ``DescribeClusterNode`` / ``ListClusterNodes``: the HyperPod nodes with their instance
   group, type, launch time and status (``Running``, or ``Pending`` while the agent
   recovers the node — our mapping).
@@ -73,6 +76,7 @@ class SageMakerEndpoint(ThreadedServer):
         self._operations: dict[str, Callable[[dict], dict]] = {
             "BatchRebootClusterNodes": lambda body: self._batch(body, REBOOT),
             "BatchReplaceClusterNodes": lambda body: self._batch(body, REPLACE),
+            "DescribeCluster": self._describe_cluster,
             "DescribeClusterNode": self._describe,
             "ListClusterNodes": self._list,
         }
@@ -175,6 +179,19 @@ class SageMakerEndpoint(ThreadedServer):
                 "InstanceId": instance,
                 "InstanceType": labels.get(INSTANCE_TYPE_LABEL, self.agent.instance_type),
                 "LaunchTime": launched, "InstanceStatus": status}
+
+    def _describe_cluster(self, body: dict) -> dict:
+        self._cluster(body)
+        groups: dict[str, list[dict]] = {}
+        for node in self._nodes_by_instance().values():
+            labels = node["metadata"].get("labels") or {}
+            groups.setdefault(labels.get(INSTANCE_GROUP_LABEL, self.agent.instance_group), []).append(labels)
+        return {"ClusterArn": self.cluster_arn, "ClusterName": self.cluster_name, "ClusterStatus": "InService",
+                "InstanceGroups": [{"InstanceGroupName": name, "CurrentCount": len(members),
+                                    "TargetCount": len(members), "Status": "InService",
+                                    "InstanceType": members[0].get(INSTANCE_TYPE_LABEL, self.agent.instance_type)}
+                                   for name, members in sorted(groups.items())],
+                "NodeRecovery": "Automatic"}
 
     def _describe(self, body: dict) -> dict:
         self._cluster(body)

@@ -402,3 +402,23 @@ def test_boto3_errors(sagemaker):
     with pytest.raises(ClientError) as bad_id:
         sm.batch_reboot_cluster_nodes(ClusterName="ml-cluster", NodeIds=["node-1"])
     assert bad_id.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_describe_cluster_through_boto3(server, agent, sagemaker):
+    hp_node(server, "hyperpod-" + ID1, ID1)
+    hp_node(server, "hyperpod-" + ID2, ID2)
+    sm = sagemaker_client(sagemaker.url)
+    for name in ("ml-cluster", sagemaker.cluster_arn):
+        answer = sm.describe_cluster(ClusterName=name)
+        answer.pop("ResponseMetadata")
+        assert answer["ClusterStatus"] == "InService" and answer["ClusterArn"] == sagemaker.cluster_arn
+        assert [(g["InstanceGroupName"], g["CurrentCount"], g["TargetCount"]) for g in answer["InstanceGroups"]] == \
+            [("workers", 2, 2)]
+    model = _model()
+    assert set(model["shapes"]["DescribeClusterResponse"]["required"]) <= set(answer) <= \
+        _members(model, "DescribeClusterResponse")
+    assert set(answer["InstanceGroups"][0]) <= _members(model, "ClusterInstanceGroupDetails")
+    assert answer["ClusterStatus"] in model["shapes"]["ClusterStatus"]["enum"]
+    with pytest.raises(ClientError) as missing:
+        sm.describe_cluster(ClusterName="no-such-cluster")
+    assert missing.value.response["Error"]["Code"] == "ResourceNotFound"
