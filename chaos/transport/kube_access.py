@@ -319,17 +319,27 @@ class KubeAccess:
         if self.hyperpod is None:
             raise ClusterError(f"the profile's kubernetes section has no hyperpod: section (cluster_name, region), so "
                                f"{self.cluster_ref} has no SageMaker HyperPod API to call")
-        import boto3
-        import botocore
-        from botocore.config import Config
+        return sagemaker_client(self.hyperpod, self.request_timeout)
 
-        hp = self.hyperpod
-        session = boto3.session.Session(region_name=hp.region)
-        options: dict[str, Any] = dict(connect_timeout=self.request_timeout, read_timeout=self.request_timeout,
-                                       retries={"max_attempts": 2, "mode": "standard"})
-        if hp.endpoint_url and _loopback(hp.endpoint_url) and session.get_credentials() is None:
-            options["signature_version"] = botocore.UNSIGNED
-        return session.client("sagemaker", endpoint_url=hp.endpoint_url, config=Config(**options))
+
+def sagemaker_client(hp: "HyperPodSettings", timeout: float):
+    """boto3's ``sagemaker`` client for a HyperPod cluster's settings (what the faults and
+    ``ray-chaos doctor`` both call through)."""
+    import boto3
+    import botocore
+    from botocore.config import Config
+
+    session = boto3.session.Session(region_name=hp.region)
+    options: dict[str, Any] = dict(connect_timeout=timeout, read_timeout=timeout,
+                                   retries={"max_attempts": 2, "mode": "standard"})
+    if unsigned_allowed(hp) and session.get_credentials() is None:
+        options["signature_version"] = botocore.UNSIGNED
+    return session.client("sagemaker", endpoint_url=hp.endpoint_url, config=Config(**options))
+
+
+def unsigned_allowed(hp: "HyperPodSettings") -> bool:
+    """An endpoint on loopback (the emulated one) takes unsigned requests when no credentials resolve."""
+    return bool(hp.endpoint_url) and _loopback(hp.endpoint_url or "")
 
 
 def _loopback(url: str) -> bool:
