@@ -12,13 +12,16 @@ from typing import Callable
 
 import pytest
 
-from chaos.embedded.kube import ApiServer, write_kubeconfig
+from ruamel.yaml import YAML
+
+from chaos.embedded.kube import ApiServer, Rbac, Rule, write_kubeconfig
 from chaos.embedded.kube.resources import NODES, PODS, prepare_new
 
 # Each prints a line once ready (the local kubelet's readiness probe).
 SLEEPER = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(3600)"]
 TERM_IGNORER = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('ready', flush=True); time.sleep(3600)"]
+EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "chaos-cronjob.yaml"
 OWNER = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "rc", "uid": "rc-uid", "controller": True}
 
 
@@ -123,3 +126,14 @@ def host_network(state_dir: Path, bridge: str, subnet: str):
     finally:
         net.close()
         assert not netns.netns_names(f"{bridge}-") and not netns.link_exists(bridge), "test host network left behind"
+
+
+def example_job_rbac(namespace: str = "default") -> Rbac:
+    """The example CronJob's Role (here in ``namespace``) and ClusterRole as the emulator's allow-list,
+    which matches resources by name (``pods/exec``), not by API group."""
+    rules = []
+    for doc in YAML(typ="safe").load_all(EXAMPLE_JOB.read_text()):
+        if doc and doc["kind"] in ("Role", "ClusterRole"):
+            scope = (namespace,) if doc["kind"] == "Role" else None
+            rules += [Rule(tuple(r["verbs"]), tuple(r["resources"]), scope) for r in doc["rules"]]
+    return Rbac(tuple(rules), user="system:serviceaccount:ml-staging:ray-chaos")

@@ -12,14 +12,12 @@ import json
 import os
 import threading
 import types
-from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
-from ruamel.yaml import YAML
 
 from chaos.cluster import Target
-from chaos.embedded.kube import ApiServer, DisruptionBudget, Rbac, Rule, serve
+from chaos.embedded.kube import ApiServer, DisruptionBudget, serve
 from chaos.embedded.kube.hyperpod import HostInfo, Hosts, HyperPodAgent, api_client_for
 from chaos.embedded.kube.resources import NODES, PODS, RAYCLUSTERS, prepare_new
 from chaos.embedded.sagemaker import SageMakerEndpoint
@@ -34,7 +32,7 @@ from chaos.profile.models import HyperPodSettings
 from chaos.timeline import Timeline
 from chaos.transport.kube import KubeExecTransport
 from chaos.transport.kube_access import KubeAccess
-from kube_helpers import OWNER, SLEEPER, TERM_IGNORER, pod_gone, pod_ready, wait_for
+from kube_helpers import OWNER, SLEEPER, TERM_IGNORER, example_job_rbac, pod_gone, pod_ready, wait_for
 
 RAY = {"ray.io/cluster": "rc", "ray.io/node-type": "worker", "ray.io/group": "gpu"}
 ID1, ID2 = "i-0123456789abcdef0", "i-0fedcba9876543210"
@@ -688,20 +686,6 @@ def test_a_signal_already_on_the_node_makes_the_chain_unverifiable_not_a_pass():
 
 
 # -- the example CronJob's RBAC (examples/kubernetes/chaos-cronjob.yaml) ---------------------------------
-EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "chaos-cronjob.yaml"
-
-
-def example_job_rbac(namespace: str = "default") -> Rbac:
-    """The example CronJob's Role (here in ``namespace``) and ClusterRole as the emulator's allow-list,
-    which matches resources by name (``pods/exec``), not by API group."""
-    rules = []
-    for doc in YAML(typ="safe").load_all(EXAMPLE_JOB.read_text()):
-        if doc and doc["kind"] in ("Role", "ClusterRole"):
-            scope = (namespace,) if doc["kind"] == "Role" else None
-            rules += [Rule(tuple(r["verbs"]), tuple(r["resources"]), scope) for r in doc["rules"]]
-    return Rbac(tuple(rules), user="system:serviceaccount:ml-staging:ray-chaos")
-
-
 def test_the_example_jobs_rbac_lets_the_kubernetes_faults_and_the_backend_through(kubelet):
     """Every API call of the pod faults, a drain and its revert, exec into a Ray pod, the
     node-shell pod of the xid fault, the node watch and the RayCluster lookup, made with the
