@@ -1,4 +1,4 @@
-"""`ray-chaos`: the harness's command line (run, report, ledger, sweep, project)."""
+"""`ray-chaos`: the harness's command line (run, report, doctor, ledger, sweep, project)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,33 @@ def _sweep(args) -> int:
     else:
         print(f"sweep: nothing left armed ({len(done.reverted)} reverted{kept})")
     return 0 if done.ok else 1
+
+
+DOCTOR_HELP = """\
+Check, read-only, what a session on the profile's cluster needs before its first fault: the
+Ray dashboard and Jobs API reachable and running the harness's Ray, the cluster's lock free, no
+open faults of a lost session on the cluster, nodes the safety rules let a fault target; on
+each host (over SSH, with the profile's timeouts): the login, the privileges each enabled fault
+kind needs (root, or sudo -n with ssh.become: sudo), the tools it runs, the boot id, where the
+CUDA shim goes; on Kubernetes and HyperPod: RBAC and credentials.  Nothing is submitted, locked,
+written or changed.  One line per check (✔/✗), under each ✗ the kinds it stops and its fix.
+
+Exit status: 0 every check passed; 1 a check failed (an enabled fault kind cannot run, or none
+can: the cluster unreachable, the lock held); 2 the profile is invalid.
+"""
+
+
+def _doctor(args) -> int:
+    import time
+
+    from chaos import doctor
+    from chaos.profile import load_profile
+
+    t0 = time.monotonic()
+    checks = doctor.run(load_profile(args.profile), say=lambda line: print(line, file=sys.stderr, flush=True))
+    print(doctor.table(checks))
+    print(f"doctor: {time.monotonic() - t0:.1f} s, nothing changed", file=sys.stderr)
+    return doctor.exit_code(checks)
 
 
 def _positive(kind):
@@ -192,7 +219,8 @@ def _add_run_and_report(sub) -> None:
     allure_site.add_arguments(rep)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """``ray-chaos``'s parser, every subcommand on it (the docs' CLI page is generated from it)."""
     p = argparse.ArgumentParser(prog="ray-chaos", description="Chaos testing for Ray Train on real Ray clusters.")
     p.add_argument("--version", action="version", version=f"ray-chaos {chaos.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -201,6 +229,10 @@ def main(argv=None) -> int:
     l.add_argument("--path", default="reports/ledger.jsonl")
     l.add_argument("--profile", default=None, help="also the open entries kept on this profile's cluster")
     l.add_argument("--all", action="store_true", help="every entry of the file, reverted ones too")
+    d = sub.add_parser("doctor", help="check, read-only, that a profile's cluster and hosts can run every enabled "
+                                      "fault kind", description=DOCTOR_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("--profile", required=True, help="profile of the cluster to check")
     w = sub.add_parser("sweep", help="revert what lost sessions left armed and release a lost session's lock",
                        description="Revert every open fault of a session that is gone (this runner's ledger file "
                                    "and, with --profile, the entries kept on the cluster), never a live session's, "
@@ -232,6 +264,11 @@ def main(argv=None) -> int:
     j.add_argument("--reps", type=_positive(int), default=400, help="simulated jobs per point (default 400)")
     j.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
     j.add_argument("--plot", metavar="PATH", help="also draw ETTR against checkpoint interval to PATH (PNG)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args, extra = p.parse_known_args(argv)
     if args.cmd == "run":
         return _run(args, extra)
@@ -242,7 +279,7 @@ def main(argv=None) -> int:
 
         return report(args)
     try:
-        return {"project": _project, "sweep": _sweep, "ledger": _ledger}[args.cmd](args)
+        return {"project": _project, "sweep": _sweep, "ledger": _ledger, "doctor": _doctor}[args.cmd](args)
     except ChaosError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

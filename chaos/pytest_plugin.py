@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 _RECORDS = pytest.StashKey[dict]()  # nodeid -> Experiment, for reports/summary.json
 _OUTCOME = pytest.StashKey[str]()  # passed | failed (a verdict) | broken (the harness) | aborted | skipped
 _PROFILE = pytest.StashKey[object]()  # the loaded --chaos-profile
+_BLOCKED = pytest.StashKey[dict]()  # kind -> why the preflight found it cannot run (set once it ran)
+#: the exit status of a session the preflight stopped (pytest's own for a setup it cannot run with)
+PREFLIGHT_FAILED = pytest.ExitCode.USAGE_ERROR
 
 
 def pytest_addoption(parser):
@@ -217,7 +220,7 @@ def _check_campaign_options(config) -> None:
 def pytest_collection_modifyitems(config, items):
     # chaos and soak tests start clusters: each runs only when -m names its marker
     for marker in ("chaos", "soak"):
-        if marker in (config.option.markexpr or ""):
+        if asks_for(config.option.markexpr, marker):
             continue
         skipped = [i for i in items if i.get_closest_marker(marker)]
         if skipped:
@@ -228,6 +231,21 @@ def pytest_collection_modifyitems(config, items):
     # clusters, Kubernetes.  The foreign stand-in's file, the longest, comes first: xdist's
     # loadfile (make's JOBS, --no-loadscope-reorder) hands files out in this order.
     items.sort(key=_cluster_order)
+
+
+def asks_for(markexpr: str | None, marker: str) -> bool:
+    """Whether ``-m markexpr``, read as pytest reads it, asks for the tests marked ``marker``:
+    it selects a test carrying ``marker`` alone and not a test with no marker at all (``-m
+    chaos``, ``-m "chaos and not extended"`` do; ``-m "not nochaos"``, ``-m "not chaos"`` do
+    not).  The one use of pytest's private expression module (tests/unit/test_marker_expression.py
+    fails loudly if it changes)."""
+    from _pytest.mark.expression import Expression
+
+    if not markexpr:
+        return False
+    expression = Expression.compile(markexpr)
+    return (expression.evaluate(lambda name, /, **kwargs: name == marker and not kwargs)
+            and not expression.evaluate(lambda name, /, **kwargs: False))
 
 
 def _cluster_order(item) -> tuple:
@@ -374,6 +392,8 @@ class Clusters:
         dry = config.getoption("chaos_dry_run")
         if kind == "profile":
             profile = config.stash[_PROFILE]
+            if _BLOCKED not in config.stash:
+                config.stash[_BLOCKED] = _preflight(config, profile, reporter)
             reporter.say(f"profile {profile.name}: {profile.ray.dashboard_url}"
                          + (" (DRY RUN: read-only, nothing submitted)" if dry else
                             " (REHEARSAL: runs go to every trigger, nothing is injected)"
@@ -397,6 +417,30 @@ class Clusters:
         else:
             with _session(config, _embedded_backend(config, out, reporter), out, reporter) as env:
                 yield env
+
+
+def _preflight(config, profile, reporter: Reporter) -> dict[str, list[str]]:
+    """Doctor's checks, once per session (per xdist worker), before its first test reaches the
+    profile's cluster: a cluster no kind can run on stops the session with the table
+    (PREFLIGHT_FAILED) instead of a traceback per test; returns {kind: why it cannot run} for
+    the kinds refused in their own tests (``Chaos.fault``).  A dry run reads the cluster side
+    only and stops only when the cluster cannot be read (a held lock is in its plan)."""
+    from chaos import doctor
+
+    dry = config.getoption("chaos_dry_run")
+    checks = doctor.run(profile, hosts=not dry, say=reporter.say)
+    stopping = [c for c in doctor.blocks_all(checks) if not dry or c.subject == "cluster"]
+    text = doctor.table(checks).splitlines()
+    for line in text if stopping or dry else text[-1:]:
+        reporter.say(line)
+    where = f"ray-chaos doctor --profile {profile.source or profile.name}"
+    if stopping:
+        pytest.exit(f"preflight ({where}): {'; '.join(f'{c.subject}: {c.what}: {c.detail}' for c in stopping)}",
+                    returncode=PREFLIGHT_FAILED)
+    if dry:
+        return {}
+    return {k: [f"{c.subject}: {c.what}: {c.detail}; fix: {c.fix}" for c in cs]
+            for k, cs in doctor.blocked(checks).items()}
 
 
 def _embedded_backend(config, out: Path, reporter: Reporter, gcs_ft: bool | None = None,
@@ -599,6 +643,10 @@ class Chaos:
         backend = self.env.backend
         if entry.needs is not None and getattr(backend, entry.needs) is None:
             pytest.skip(f"{kind} needs {catalog.CAPABILITIES[entry.needs]}: this session's backend is {backend.label}")
+        refused = self.request.config.stash.get(_BLOCKED, {}).get(kind)
+        if refused:
+            pytest.fail(f"{kind} refused before any injection: the preflight (ray-chaos doctor) found it cannot run "
+                        f"on this cluster: {' | '.join(refused)}", pytrace=False)
         return fault_class(kind).build(FaultSettings(profile=backend.profile, raylet_kill=self._opt("chaos_raylet_kill")),
                                        **params)
 

@@ -1,0 +1,35 @@
+"""``-m`` read as pytest reads it: chaos (and soak) tests run only when the marker expression
+asks for them, never because their name occurs in it as text."""
+
+import pytest
+
+from chaos.pytest_plugin import asks_for
+
+
+@pytest.mark.parametrize("expr", ["chaos", "chaos and not extended", "chaos or integration", "(chaos)"])
+def test_an_expression_that_asks_for_chaos_selects_it(expr):
+    assert asks_for(expr, "chaos")
+
+
+@pytest.mark.parametrize("expr", ["not nochaos", "not chaos", "nochaos", "integration", "", None,
+                                  "chaos_like", "not integration"])
+def test_an_expression_that_does_not_ask_for_chaos_leaves_it_out(expr):
+    assert not asks_for(expr, "chaos")
+
+
+def test_soak_is_read_the_same_way():
+    assert asks_for("soak", "soak") and not asks_for("chaos", "soak") and not asks_for("not soak", "soak")
+
+
+def test_pytest_expression_module_is_what_asks_for_relies_on():
+    """Fails loudly when pytest changes its private marker-expression module (asks_for uses it)."""
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile("chaos and not extended")
+    assert compiled.evaluate(lambda name, /, **kwargs: name == "chaos") is True
+    assert compiled.evaluate(lambda name, /, **kwargs: name in ("chaos", "extended")) is False
+
+
+def test_a_malformed_expression_is_pytest_s_own_error():
+    with pytest.raises(Exception, match="expected"):
+        asks_for("chaos and", "chaos")
