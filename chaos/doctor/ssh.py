@@ -13,6 +13,7 @@ import concurrent.futures
 import shlex
 from typing import TYPE_CHECKING
 
+from chaos import privileges
 from chaos.doctor import Check
 from chaos.doctor.cluster import HostPlan
 from chaos.errors import ChaosError
@@ -41,15 +42,20 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def probe_script(become: str | None) -> str:
-    """The one read-only command that answers every check, as ``key=value`` lines."""
+    """The one read-only command that answers every check but the privileges' (chaos.privileges
+    asks those), as ``key=value`` lines; the tools are looked up as root where escalation is
+    needed (sudo's PATH is root's)."""
     tools = sorted({t for groups in TOOLS.values() for group in groups for t in group})
-    root = ("R=; [ \"$(id -u)\" = 0 ] || R='sudo -n'\n" if become == "sudo" else "R=\n")
+
+    def lookup(tool: str) -> str:
+        plain = f"command -v {tool}"
+        if become is None:
+            return plain
+        return f'if [ "$(id -u)" = 0 ]; then {plain}; else {privileges.escalate(plain, become)}; fi'
+
     return "\n".join([
         'echo "user=$(id -un)"', 'echo "uid=$(id -u)"',
-        *(["s=$(sudo -n true 2>&1) && echo sudo=ok || echo \"sudo=$(echo $s | head -c 300)\""]
-          if become == "sudo" else []),
-        root.rstrip("\n"),
-        *(f"echo \"tool.{t}=$($R sh -c 'command -v {t}' 2>/dev/null)\"" for t in tools),
+        *(f'echo "tool.{t}=$({lookup(t)} 2>/dev/null)"' for t in tools),
         f"b=$(cat {BOOT_ID} 2>&1) && echo \"boot_id=$b\" || echo \"boot_id_error=$b\"",
         # the shim's directory, or the nearest directory above it that exists: where mkdir -p starts
         f"d={shlex.quote(REMOTE_ROOT)}; while [ ! -e \"$d\" ]; do d=$(dirname \"$d\"); done",
@@ -97,7 +103,11 @@ def host_checks(backend: "Backend", key: str, plan: HostPlan, kinds: list[str]) 
     out = [Check(subject, "login", True, f"as {user} over {type(transport).__name__}"
                  + ("" if plan.target else " (not a target: the CUDA shim only)"))]
     on_target = acting if plan.target else []  # elsewhere the shim is only put in place
-    out += _privileges(subject, seen, user, become, on_target)
+    try:
+        out += _privileges(subject, transport, become, on_target)
+    except (ChaosError, ValueError) as e:
+        out.append(Check(subject, "privileges", False, f"could not be asked: {e}", _login_fix(str(e), key),
+                         tuple(k for k in on_target if catalog.KINDS[k].privileges)))
     out += _tools(subject, seen, acting, become)
     out += _boot_id(subject, seen, on_target)
     out += _shim(subject, seen, acting)
@@ -118,23 +128,18 @@ def _login_fix(error: str, host: str) -> str:
             "hosts.*.ssh.port / jump_host")
 
 
-def _privileges(subject: str, seen: dict[str, str], user: str, become: str | None, acting: list[str]) -> list[Check]:
+def _privileges(subject: str, transport, become: str | None, acting: list[str]) -> list[Check]:
     needing = [k for k in acting if catalog.KINDS[k].privileges]
     if not needing:
         return []
     needed = sorted({p for k in needing for p in catalog.KINDS[k].privileges})
     what = f"privileges ({', '.join(needed)})"
-    if seen.get("uid") == "0":
-        return [Check(subject, what, True, f"logged in as root ({user})")]
-    if become == "sudo":
-        if seen.get("sudo") == "ok":
-            return [Check(subject, what, True, f"{user} through sudo -n (passwordless)")]
-        return [Check(subject, what, False, f"{user} cannot use sudo -n: {seen.get('sudo') or 'no answer'}",
-                      f"give {user} passwordless sudo on the host (e.g. /etc/sudoers.d/ray-chaos: "
-                      f"{user} ALL=(ALL) NOPASSWD: ALL), or log in as root", tuple(needing))]
-    return [Check(subject, what, False, f"{user} is not root and ssh.become is unset",
-                  "log in as root, or set ssh.become: sudo (hosts.defaults or this host's override) for a user with "
-                  "passwordless sudo", tuple(needing))]
+    escalation = privileges.probe(transport, become)
+    if escalation.how == "root":
+        return [Check(subject, what, True, f"logged in as root ({escalation.user})")]
+    if escalation.ok:
+        return [Check(subject, what, True, f"{escalation.user} through {escalation.how} (passwordless)")]
+    return [Check(subject, what, False, escalation.reason, escalation.fix, tuple(needing))]
 
 
 def _tools(subject: str, seen: dict[str, str], acting: list[str], become: str | None) -> list[Check]:

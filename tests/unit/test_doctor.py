@@ -235,13 +235,14 @@ class ShellHost:
         self.host = "10.0.0.2"
         self.bin = tmp_path / "bin"
         self.bin.mkdir(parents=True)
-        for real in ("sh", "cat", "dirname", "head"):
+        for real in ("sh", "cat", "dirname", "head", "env"):
             os.symlink(shutil.which(real), self.bin / real)
-        user = "root" if uid == 0 else "ubuntu"
-        self._script("id", f'case "$1" in -u) echo {uid};; -un) echo {user};; esac')
+        # sudo runs its command as root: id then answers uid 0
+        self._script("id", f'u=${{AS_UID:-{uid}}}; case "$1" in -u) echo $u;; -un) [ $u = 0 ] && echo root || '
+                           'echo ubuntu;; esac')
         for tool in tools:
             self._script(tool, "exit 0")
-        self._script("sudo", ('[ "$1" = -n ] && shift; [ "$1" = true ] && exit 0; exec "$@"' if sudo else
+        self._script("sudo", ('[ "$1" = -n ] && shift; exec env AS_UID=0 "$@"' if sudo else
                               'echo "sudo: a password is required" >&2; exit 1'))
 
     def _script(self, name, body):
@@ -276,7 +277,7 @@ def test_a_root_host_with_every_tool_passes(tmp_path):
 
 def test_a_user_who_is_not_root_without_become_fails_the_privileged_kinds(tmp_path):
     check = host_checks(ShellHost(tmp_path, uid=1000))["privileges"]
-    assert not check.ok and check.detail == "ubuntu is not root and ssh.become is unset"
+    assert not check.ok and check.detail == "the login user ubuntu is not root and ssh.become is unset"
     assert check.kinds == ("raylet-kill", "worker-kill", "node-reboot", "partition", "preempt", "xid")
     assert "ssh.become: sudo" in check.fix
 
@@ -289,7 +290,7 @@ def test_become_sudo_with_passwordless_sudo_passes(tmp_path):
 
 def test_become_sudo_that_asks_for_a_password_fails(tmp_path):
     check = host_checks(ShellHost(tmp_path, uid=1000, sudo=False), become="sudo")["privileges"]
-    assert not check.ok and "sudo: a password is required" in check.detail
+    assert not check.ok and "`sudo -n` says a password is required" in check.detail
     assert "NOPASSWD" in check.fix
 
 
