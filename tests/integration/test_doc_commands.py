@@ -72,6 +72,7 @@ def test_the_pages_document_what_this_test_runs():
     commands = documented_commands()
     assert any("--chaos-dry-run" in c for c in commands), commands
     assert any(c.startswith("ray-chaos sweep") for c in commands), commands
+    assert any(c.startswith("ray-chaos doctor") for c in commands), commands
     assert any(c.startswith("pytest") and "my_suite.py" in c for c in commands), commands
     assert any(c.startswith("ray-chaos run") and "--chaos-dry-run" not in c for c in commands), commands
     assert "def test_" in readme_example()
@@ -95,7 +96,9 @@ def test_every_documented_profile_command_works_against_the_stand_in(foreign_sta
 
 
 def _assert_it_did_its_work(command: str, out: str, work: Path) -> None:
-    if command.startswith("ray-chaos sweep"):
+    if command.startswith("ray-chaos doctor"):
+        assert "✗" not in out and re.search(r"^doctor: all \d+ checks passed$", out, re.M), out[-3000:]
+    elif command.startswith("ray-chaos sweep"):
         assert "nothing left armed" in out, out[-3000:]
     elif "--chaos-dry-run" in command:
         assert "DRY RUN plan of" in out and "eligible now (3): " in out and re.search(r"\b1 skipped\b", out), \
