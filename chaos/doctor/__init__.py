@@ -14,9 +14,9 @@ check fails, because every failing check stops at least one enabled kind.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from chaos.doctor.check import Check
 from chaos.faults import catalog
 
 if TYPE_CHECKING:
@@ -25,21 +25,7 @@ if TYPE_CHECKING:
 
 OK, FAILED = 0, 1  # doctor's exit codes (2: the profile itself is invalid, from the CLI)
 
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One line of the table."""
-
-    subject: str  # "cluster", "lock", "safety", "profile", "host 10.1.0.3", "kubernetes", "hyperpod"
-    what: str  # what was checked
-    ok: bool
-    detail: str  # what was seen
-    fix: str = ""  # one line, only when not ok
-    kinds: tuple[str, ...] = ()  # the enabled kinds that cannot run while this fails; (): every kind
-
-    def __post_init__(self):
-        if self.ok == bool(self.fix):
-            raise ValueError(f"{self.subject}: {self.what}: a fix is given exactly when the check failed")
+__all__ = ["Check", "FAILED", "OK", "blocked", "blocks_all", "enabled_kinds", "exit_code", "failed", "run", "table"]
 
 
 def enabled_kinds(backend: "Backend") -> tuple[list[str], dict[str, str]]:

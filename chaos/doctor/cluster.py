@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from chaos.cluster import Node
-from chaos.doctor import Check
+from chaos.doctor.check import Check
 from chaos.errors import ChaosError, ProfileError
 from chaos.ray_support import SUPPORTED, RayVersionError, cluster_mismatch, dashboard_ray_version, unsupported_reason
 

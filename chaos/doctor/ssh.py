@@ -14,7 +14,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from chaos import privileges
-from chaos.doctor import Check
+from chaos.doctor.check import Check
 from chaos.doctor.cluster import HostPlan
 from chaos.errors import ChaosError
 from chaos.faults import catalog

@@ -68,9 +68,10 @@ LAYERS: dict[str, int] = {
     "chaos.train": 6, "chaos.triggers": 6, "chaos.attribution": 6, "chaos.verdicts": 6,
     "chaos.summary": 6, "chaos.progress": 6, "chaos.plot": 6, "chaos.ledger": 6,
     "chaos.campaign": 6, "chaos.canary": 6, "chaos.projection": 6, "chaos.plan": 6, "chaos.sweep": 6,
-    # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin.
+    # 7 entry points: the experiment driver, baselines, the Allure site, the CLI, the pytest plugin,
+    #   doctor's preflight.
     "chaos.experiment": 7, "chaos.baseline": 7, "chaos.allure_site": 7, "chaos.cli": 7,
-    "chaos.pytest_plugin": 7,
+    "chaos.pytest_plugin": 7, "chaos.doctor": 7,
     # 8 the reference pages, generated from every layer below (the plugin's options among them).
     "chaos.docgen": 8,
 }
