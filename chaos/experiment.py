@@ -366,8 +366,9 @@ class Experiment:
 
     # -- phases ------------------------------------------------------------------
     def _inject(self, ctx: FaultContext, fault: Fault) -> Target:
-        """Resolve, check (the backend's safety rules, fail closed), record, inject; the
-        Injection is kept in ``_injections`` (rehearsal: nothing is recorded or injected)."""
+        """Resolve, check (the backend's safety rules, fail closed; then the privileges the kind
+        needs on the host), record, inject; the Injection is kept in ``_injections`` (rehearsal:
+        nothing is recorded or injected)."""
         backend = self.env.backend
         target = fault.resolve(ctx)
         try:
@@ -380,6 +381,7 @@ class Experiment:
         if self.env.rehearsal:
             self.reporter.say(f"REHEARSAL: would inject {fault.describe()} into {target.describe()}")
             return target
+        backend.check_privileges(fault.kind, target)  # a rehearsal reaches no host; ray-chaos doctor asks them
         inj = Injection(fault, target, backend.host(target.node_id))
         inj.slot = backend.live_faults.acquire(fault.describe())
         try:
@@ -399,8 +401,8 @@ class Experiment:
         return target
 
     def _inject_group(self, ctx: FaultContext, group: Correlated) -> list[Target]:
-        """A correlated fault: every member resolved and checked (the backend's safety rules)
-        before anything is injected — one refusal and none is (fail closed); then each
+        """A correlated fault: every member resolved and checked (the backend's safety rules, the
+        privileges its kind needs on its host) before anything is injected — one refusal and none is (fail closed); then each
         member's ledger entry and live-fault slot, and all members injected at once.  A
         member that failed stays armed (reverted on the way out) and fails the step, naming
         its host."""
@@ -411,6 +413,8 @@ class Experiment:
         for m, t in zip(group.members, targets):
             try:
                 backend.check_target(t)
+                if not self.env.rehearsal:
+                    backend.check_privileges(m.kind, t)
             except ChaosError as e:
                 refused.append((t, e))
         if self.env.rehearsal:

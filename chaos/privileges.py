@@ -15,6 +15,7 @@ import dataclasses
 import shlex
 from typing import Iterable
 
+from chaos.errors import InjectionError
 from chaos.faults.catalog import PRIVILEGES
 from chaos.transport.base import Transport
 
@@ -56,6 +57,15 @@ class Escalation:
         needs = "; ".join(f"{p} ({PRIVILEGES[p]})" for p in privileges)
         return (f"{kind} refused on {self.host} before injecting anything: it needs root there for {needs}, "
                 f"and {self.reason}. Fix: {self.fix}")
+
+
+class PrivilegeRefused(InjectionError):
+    """A fault kind needs root on its target host, which the host's login does not give: refused
+    before anything is recorded or injected."""
+
+    def __init__(self, escalation: Escalation, kind: str, privileges: Iterable[str]):
+        self.escalation, self.kind, self.privileges = escalation, kind, tuple(privileges)
+        super().__init__(escalation.refusal(kind, self.privileges))
 
 
 def _fix(user: str) -> str:

@@ -24,6 +24,7 @@ from chaos.backends.lock import ClusterLock, LockLost
 from chaos.cleanup import Cleanup
 from chaos.cluster import ClusterView, Node, Target
 from chaos.errors import ClusterError
+from chaos.faults import catalog
 from chaos.profile import SafetySettings
 from chaos.ray_support import dashboard_ray_version, require_same_ray
 from chaos.report import Reporter
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from chaos.embedded.cluster import EmbeddedCluster
     from chaos.embedded.kubernetes import EmbeddedKubernetes
     from chaos.embedded.netns import Console
+    from chaos.privileges import Escalation
     from chaos.profile import Profile
     from chaos.storage.access import ObjectStorage
     from chaos.storage.proxy import ProxyAdmin
@@ -48,7 +50,7 @@ LEAVE_S = 15.0
 
 # What a backend may not override: the target check and the session that holds the lock
 # and runs the health guard.
-_SHARED = ("check_target", "session", "observe", "lock_state")
+_SHARED = ("check_target", "check_privileges", "session", "observe", "lock_state")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +209,12 @@ class Backend(abc.ABC):
     def _reach(self, key: str, node: Node | None) -> Host:
         """A handle for the host ``key`` (``node``: a node it runs, when one is known)."""
 
+    def escalation(self, host: Host) -> "Escalation | None":
+        """How a privileged command gets root on ``host`` (chaos.privileges), or why it cannot;
+        None where the catalog's privileges do not apply: no login of a user of the profile's
+        (the embedded cluster's hosts run as root; pods act through the Kubernetes API)."""
+        return None
+
     @abc.abstractmethod
     def healthy_workers(self) -> tuple[bool, str]:
         """(every worker host runs a live node, what was seen)."""
@@ -259,6 +267,19 @@ class Backend(abc.ABC):
             raise TargetRefused(f"node {target.node_id[:8]} ({target.node_ip}) is not a node of this cluster: "
                                 "nothing is known about it, so it is not targeted", "node table")
         self.safety.check_target(info)
+
+    def check_privileges(self, kind: str, target: "Target") -> None:
+        """Raise PrivilegeRefused when a fault of ``kind`` needs root on the target's host (the
+        catalog's privileges) and the host's login cannot get it: before the ledger entry, so
+        nothing is recorded or injected."""
+        from chaos.privileges import PrivilegeRefused
+
+        needs = catalog.kind(kind).privileges
+        if not needs:
+            return
+        escalation = self.escalation(self.host(target.node_id))
+        if escalation is not None and not escalation.ok:
+            raise PrivilegeRefused(escalation, kind, needs)
 
     @contextlib.contextmanager
     def session(self, reporter: Reporter, lock: bool = True, on_abort: Callable[[str], None] = lambda reason: None,

@@ -7,6 +7,7 @@ hostname and labels of the node running there), and so is the ledger's record of
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import ray
@@ -14,6 +15,7 @@ import ray
 from chaos.backends.base import Backend, Host, profile_view, ray_node_info
 from chaos.cluster import ClusterView, Node
 from chaos.errors import ChaosError
+from chaos.privileges import Escalation, probe
 from chaos.safety import NodeInfo
 from chaos.transport.base import Transport
 from chaos.transport.local import LocalTransport
@@ -39,6 +41,8 @@ class SSHBackend(Backend):
         super().__init__(profile=profile)
         self._baseline = 0  # alive workers when the session started
         self._accesses: dict[str, HostAccess] = {}
+        self._escalations: dict[str, Escalation] = {}  # per host, asked once a session
+        self._escalations_lock = threading.Lock()
 
     @property
     def label(self) -> str:
@@ -91,7 +95,7 @@ class SSHBackend(Backend):
         if s.jump() is not None:
             jump_user, jump_host, jump_port = s.jump()
             via = SSHTransport(jump_host, port=jump_port, **{**common, "user": jump_user or s.user})
-        return SSHTransport(key, port=s.port, jump_host=via, **common)
+        return SSHTransport(key, port=s.port, jump_host=via, become=s.become, **common)
 
     def _reach(self, key: str, node: Node | None) -> Host:
         access = self._access(key, node)
@@ -101,6 +105,19 @@ class SSHBackend(Backend):
 
             console = Console(access.netns)
         return Host(key=key, name=None, transport=self.connect(key), console=console)
+
+    def escalation(self, host: Host) -> Escalation | None:
+        """A host logged in to over SSH: asked once a session (chaos.privileges.probe, with the
+        become its transport escalates through); a local one runs as the harness does."""
+        from chaos.transport.ssh import SSHTransport
+
+        transport = host.transport
+        if not isinstance(transport, SSHTransport):
+            return None
+        with self._escalations_lock:
+            if host.key not in self._escalations:
+                self._escalations[host.key] = probe(transport, transport.become)
+            return self._escalations[host.key]
 
     def healthy_workers(self) -> tuple[bool, str]:
         alive = len(self.cluster.alive_workers())

@@ -84,7 +84,8 @@ class Partition(Fault):
             return {"netns": console.netns}
         chain = inj.evidence["chain"]  # named in the ledger's plan, written before this
         result = inj.host.transport.run(CUT.format(chain=chain, heal=HEAL.format(chain=chain),
-                                                   self_heal_s=int(self.self_heal_s)), timeout=30)
+                                                   self_heal_s=int(self.self_heal_s)), timeout=30,
+                                         privileged=True)
         words = result.stdout.split()
         if not result.ok or words[:1] != ["cut"]:
             _heal_chains(inj.host.transport, chain)
@@ -102,7 +103,8 @@ class Partition(Fault):
         else:
             still = _heal_chains(inj.host.transport, inj.evidence["chain"])
             if not still:  # the timer's process group (setsid made it its own); kept while the cut is not gone
-                inj.host.transport.run(f"kill -- -{int(inj.evidence['timer_pid'])} 2>/dev/null; true", timeout=30)
+                inj.host.transport.run(f"kill -- -{int(inj.evidence['timer_pid'])} 2>/dev/null; true", timeout=30,
+                                       privileged=True)
         if still:
             raise InjectionError(f"partition rules on {inj.target.node_ip} are still there after heal")
         ctx.timeline.emit("fault", "partition_healed", host=inj.target.node_ip)
@@ -140,10 +142,10 @@ class Partition(Fault):
 
 
 def _cut_now(transport, chain: str) -> bool:
-    return transport.run(CUT_NOW.format(chain=chain), timeout=30).check().stdout.strip() == "cut"
+    return transport.run(CUT_NOW.format(chain=chain), timeout=30, privileged=True).check().stdout.strip() == "cut"
 
 
 def _heal_chains(transport, chain: str) -> bool:
     """Remove the chains; whether the cut is still there after."""
-    transport.run(HEAL.format(chain=chain), timeout=30)
+    transport.run(HEAL.format(chain=chain), timeout=30, privileged=True)
     return _cut_now(transport, chain)

@@ -195,7 +195,8 @@ class Preempt(Fault):
     def _sigterm(self, ctx: FaultContext, inj: Injection) -> dict:
         transport = inj.host.transport
         t = time.time()
-        result = transport.run(SIGTERM_RAY_START.format(node_id=shlex.quote(inj.target.node_id)), timeout=20)
+        result = transport.run(SIGTERM_RAY_START.format(node_id=shlex.quote(inj.target.node_id)), timeout=20,
+                               privileged=True)
         if not result.ok:
             raise InjectionError(f"SIGTERM to ray start of node {inj.target.node_id[:8]} on {transport.host} failed: "
                                  f"exit {result.exit_code}: {result.stderr.strip()}")
@@ -230,7 +231,8 @@ class Preempt(Fault):
             # block on for good and the host's service never restart Ray, where the instance
             # would have gone.  End it, as the instance going away does.
             owner = inj.evidence.get("ray_start_pid")
-            ended = (transport.run(END_RAY_START.format(pid=int(owner)), timeout=40).stdout.strip() or "?") \
+            ended = (transport.run(END_RAY_START.format(pid=int(owner)), timeout=40, privileged=True).stdout.strip()
+                     or "?") \
                 if owner else "not known"
             return {"raylet_pid": None, "at_deadline": "the node had shut down already", "ray_start": ended}
         return {"raylet_pid": pid, "killed_at_s": round(time.time() - when, 3)}
@@ -238,7 +240,7 @@ class Preempt(Fault):
 
 def _kill_raylet(transport, node_id: str, what: str) -> int | None:
     """SIGKILL the raylet of node ``node_id``: its PID, or None when it no longer runs."""
-    killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node_id)), timeout=20)
+    killed = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(node_id)), timeout=20, privileged=True)
     if killed.exit_code == 3:
         return None
     if not killed.ok:

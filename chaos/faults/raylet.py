@@ -49,7 +49,8 @@ class RayletKill(Fault):
             ray_transport.shutdown_raylet(address, port, graceful=False)
             return {"method": "grpc", "raylet": f"{address}:{port}"}
         transport = inj.host.transport
-        result = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(target.node_id)), timeout=20)
+        result = transport.run(KILL_RAYLET_BY_NODE_ID.format(node_id=shlex.quote(target.node_id)), timeout=20,
+                               privileged=True)
         if not result.ok:
             raise InjectionError(f"SIGKILL of the raylet of node {target.node_id[:8]} on {transport.host} failed: "
                                  f"exit {result.exit_code}: {result.stderr.strip()}")

@@ -33,7 +33,7 @@ class NodeReboot(Fault):
     def inject(self, ctx: FaultContext, inj: Injection) -> dict:
         before = ctx.backend.boot_id(inj.host)
         inj.evidence.update({"host": inj.target.node_ip, "boot_id_before": before})
-        inj.host.transport.launch(self.command)
+        inj.host.transport.launch(self.command, privileged=True)
         inj.host.transport.close()  # its connection dies with the host; the next command reconnects
         ctx.timeline.emit("fault", "reboot_issued", host=inj.target.node_ip, boot_id=before, command=self.command)
         return {"boot_id_before": before, "command": self.command}

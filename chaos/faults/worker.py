@@ -33,7 +33,7 @@ class TrainWorkerKill(Fault):
 
     def inject(self, ctx: FaultContext, inj: Injection) -> dict:
         target, transport = inj.target, inj.host.transport
-        result = transport.run(f"kill -9 {int(target.pid)} && echo killed", timeout=20)
+        result = transport.run(f"kill -9 {int(target.pid)} && echo killed", timeout=20, privileged=True)
         if not result.ok:
             raise InjectionError(f"SIGKILL of pid {target.pid} (rank {self.rank}) on {transport.host} failed: "
                                  f"exit {result.exit_code}: {result.stderr.strip()}")

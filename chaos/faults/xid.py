@@ -248,7 +248,7 @@ class Xid(ShimFault, Fault):
     def _kmsg_by_transport(transport, line: str) -> str:
         env = harness_env(line)
         script = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f"; export {' '.join(env)}\n{KMSG_SCRIPT}"
-        res = transport.run(["/bin/sh", "-c", script], timeout=30)
+        res = transport.run(["/bin/sh", "-c", script], timeout=30, privileged=True)
         if not res.ok:
             raise InjectionError(f"writing the Xid line to {transport.host}'s kernel log: "
                                  f"{(res.stderr or res.stdout).strip() or f'exit {res.exit_code}'}")
@@ -321,7 +321,7 @@ class Xid(ShimFault, Fault):
         host.transport.run(control_command(plan["control"], None, python=backend.python), timeout=60).check()
         files = [plan["control"]] + ([plan["log"]] if plan.get("log") else [])
         host.transport.run("rm -f " + " ".join(shlex.quote(f) for f in files), timeout=60).check()
-        host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60)
+        host.transport.run("[ -f /dev/kmsg ] && [ ! -c /dev/kmsg ] && : > /dev/kmsg; true", timeout=60, privileged=True)
         if kube is not None:
             from chaos.faults.kube import _list_nodes
 

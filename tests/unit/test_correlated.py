@@ -35,6 +35,9 @@ class FakeBackend:
         if target.node_id in self.refuse:
             raise TargetRefused(f"node {target.node_id} is not on the allowlist", "safety.allowlist")
 
+    def check_privileges(self, kind, target):
+        """Every member's host gives root (a refusal is test_privilege_refusal.py's)."""
+
     def host(self, node_id):
         return Host(key=node_id, name=f"host-{node_id}", transport=None)
 
