@@ -11,7 +11,9 @@ team's staging VMs is, on one machine.
   harness does not see) — or, with ``shared_fs=False``, no shared filesystem at all: checkpoints
   go to S3 only (moto's server behind the storage fault proxy on the bridge's address, which
   the nodes reach; chaos.storage.local), as on a real cluster; optionally a CUDA driver
-  (``/opt/cuda/lib64``: the stub on machines without a GPU).
+  (``/opt/cuda/lib64``: the stub on machines without a GPU); login users besides root, with
+  root's key, as teams log in: ``ubuntu`` with passwordless sudo and ``nosudo`` without sudo
+  (``USERS``; the hosts' own, this machine's user database untouched).
 * **Ray**: started the way a team starts it, by a script over SSH
   (``scripts/foreign-ray-start.sh``: a service unit per node, ``ray start --block``
   restarted when it exits and at boot) — not by EmbeddedCluster's supervisor.
@@ -48,6 +50,8 @@ SHARED = "/mnt/shared"  # the nodes' shared filesystem (checkpoints)
 GCS_PORT, DASHBOARD_PORT = 6379, 8265
 #: what a node runs at every boot: its Ray service, once the start script installed it
 BOOT = ["sh", "-c", "[ -x /opt/node/ray.service ] && exec /opt/node/ray.service >> /opt/node/ray.log 2>&1"]
+#: every host's login users besides root: (name, passwordless sudo) — for ssh.become
+USERS = (("ubuntu", True), ("nosudo", False))
 
 
 @dataclasses.dataclass
@@ -84,10 +88,11 @@ class ForeignCluster:
     def gcs_address(self) -> str:
         return f"{self.head.address}:{GCS_PORT}"
 
-    def profile(self) -> dict:
+    def profile(self, user: str = "root", become: str | None = None) -> dict:
         """vm-ssh.yaml's shape: the dashboard and GCS by address, every host over SSH with its
-        key verified, every worker allowlisted, never the head, checkpoints on the nodes'
-        shared filesystem — or on S3, its credentials named (``storage_env`` has their values)."""
+        key verified (as ``user``, root's rights through ``become``: USERS), every worker
+        allowlisted, never the head, checkpoints on the nodes' shared filesystem — or on S3, its
+        credentials named (``storage_env`` has their values)."""
         net = self.network
         return {
             "name": "foreign-standin", "protected": False,
@@ -95,8 +100,9 @@ class ForeignCluster:
             "storage": self.storage.settings() if self.storage is not None else {"path": f"{SHARED}/ray-chaos"},
             "nodes": {"discovery": "ray"},
             "hosts": {"defaults": {"transport": "ssh", "ssh": {
-                "user": "root", "key_file": str(net.ssh_key_path), "known_hosts": str(net.known_hosts_path),
-                "use_agent": False, "connect_timeout_s": 10, "command_timeout_s": 60}}},
+                "user": user, "key_file": str(net.ssh_key_path), "known_hosts": str(net.known_hosts_path),
+                "use_agent": False, "connect_timeout_s": 10, "command_timeout_s": 60,
+                **({"become": become} if become else {})}}},
             "safety": {"allow_head": False, "allowlist": [{"address": w.address} for w in self.workers],
                        "max_live_faults": 1, "min_alive_nodes": 1, "unhealthy_for_s": 120.0},
         }
@@ -161,7 +167,7 @@ class ForeignCluster:
         if self.config.cuda_driver_dir is not None:
             binds.append((str(Path(self.config.cuda_driver_dir).resolve()), "/opt/cuda/lib64"))
         hidden = {str(ROOT), sys.prefix, str(Path("reports").resolve()), str(self.base_dir)}
-        return Isolation(binds=tuple(binds), hide=tuple(sorted(hidden)))
+        return Isolation(binds=tuple(binds), hide=tuple(sorted(hidden)), users=USERS)
 
     def _start_ray(self) -> None:
         net = self.network

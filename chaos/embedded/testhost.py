@@ -50,6 +50,7 @@ REBOOT_COMMAND = "systemctl reboot"
 _REBOOT_CAUSES = ("reboot", "power-cycle")  # boot ends after which the host boots again
 
 _HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _REQUIRED_TOOLS = {"ip": "iproute2", "iptables": "iptables", "nsenter": "util-linux",
                    "unshare": "util-linux", "setpriv": "util-linux", SSHD: "openssh-server"}
 
@@ -68,13 +69,20 @@ class Isolation:
     tmpfs (the harness's checkout, venv, reports), and ``binds`` (path here, path inside)
     mounted first — a node's own install of Python and Ray, its disk, a shared filesystem.
     A bind's target lies under /opt, /mnt or /srv, which become the host's own (a tmpfs over
-    this machine's), so nothing is created on this machine's disk."""
+    this machine's), so nothing is created on this machine's disk.  ``users``: login users of the
+    host's own besides root, (name, whether sudo gives them root without a password), who log in
+    with root's key — in the host's own copies of /etc/passwd, group, shadow and sudoers.d,
+    homes in its /run: this machine's user database is never written."""
 
     binds: tuple[tuple[str, str], ...] = ()
     hide: tuple[str, ...] = ()
     private: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
+    users: tuple[tuple[str, bool], ...] = ()
 
     def __post_init__(self):
+        for name, _ in self.users:
+            if not _USER_RE.match(name) or name == "root":
+                raise ValueError(f"login user {name!r}: a lower-case user name other than root")
         for source, target in self.binds:
             parts = Path(target).parts
             if not Path(target).is_absolute() or len(parts) < 3 or parts[1] not in BIND_TOPS:
@@ -84,7 +92,8 @@ class Isolation:
                 raise ValueError(f"bind source {source!r} does not exist")
 
     def to_json(self) -> dict:
-        return {"binds": [list(b) for b in self.binds], "hide": list(self.hide), "private": list(self.private)}
+        return {"binds": [list(b) for b in self.binds], "hide": list(self.hide), "private": list(self.private),
+                "users": [[name, sudo] for name, sudo in self.users]}
 
 
 class TestHostUnsupported(ClusterError):

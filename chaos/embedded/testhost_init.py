@@ -109,6 +109,8 @@ def _prepare_namespace(cfg: dict) -> None:
                 _mount(cfg["power_script"], real, flags=_MS_BIND)
     if cfg.get("isolation"):
         _isolate(cfg["isolation"])
+        if cfg["isolation"].get("users"):
+            _add_users(cfg["isolation"]["users"], cfg["env"]["PATH"])
 
 
 def _isolate(iso: dict) -> None:
@@ -130,6 +132,49 @@ def _isolate(iso: dict) -> None:
     for path in iso["hide"]:
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0555")
+
+
+def _add_users(users: list, path: str) -> None:
+    """Login users of this host's own (name, sudo without a password or not): this machine's
+    /etc/passwd, group and shadow copied into this boot's /run with them added (a name already
+    there replaced) and bound over the originals in this mount namespace, as is a sudoers.d
+    holding this machine's rules and theirs; homes in /run/home.  sudo's secure_path is the
+    host's session PATH, as on a machine whose systemctl is its own (the power commands')."""
+    etc = Path("/run/rc-etc")
+    os.makedirs(etc / "sudoers.d", mode=0o755)
+    names = {name for name, _ in users}
+
+    def kept(name: str) -> list[str]:
+        return [line for line in Path("/etc", name).read_text().splitlines() if line.split(":", 1)[0] not in names]
+
+    passwd, group, shadow = kept("passwd"), kept("group"), kept("shadow")
+    taken = {int(f[2]) for f in (line.split(":") for line in passwd + group) if len(f) > 2 and f[2].isdigit()}
+    rules = [f'Defaults secure_path="{path}"']
+    uid = 2000
+    for name, sudo in users:
+        while uid in taken:
+            uid += 1
+        taken.add(uid)
+        home = f"/run/home/{name}"
+        os.makedirs(home, mode=0o755)
+        os.chown(home, uid, uid)
+        passwd.append(f"{name}:x:{uid}:{uid}:{name}:{home}:/bin/bash")
+        group.append(f"{name}:x:{uid}:")
+        shadow.append(f"{name}:*:19000:0:99999:7:::")  # no password, not locked: key logins only
+        if sudo:
+            rules.append(f"{name} ALL=(ALL) NOPASSWD: ALL")
+    for name, lines, mode in (("passwd", passwd, 0o644), ("group", group, 0o644), ("shadow", shadow, 0o600)):
+        (etc / name).write_text("\n".join(lines) + "\n")
+        os.chmod(etc / name, mode)
+        _mount(str(etc / name), f"/etc/{name}", flags=_MS_BIND)
+    mine = Path("/etc/sudoers.d")
+    for rule_file in sorted(mine.iterdir()) if mine.is_dir() else []:
+        (etc / "sudoers.d" / rule_file.name).write_bytes(rule_file.read_bytes())
+        os.chmod(etc / "sudoers.d" / rule_file.name, 0o440)
+    (etc / "sudoers.d" / "rc-testhost-users").write_text("\n".join(rules) + "\n")
+    os.chmod(etc / "sudoers.d" / "rc-testhost-users", 0o440)
+    if mine.is_dir():
+        _mount(str(etc / "sudoers.d"), str(mine), flags=_MS_BIND)
 
 
 def _power(request: int) -> None:
