@@ -566,7 +566,7 @@ def test_xid_sweep_disarms_and_lists_what_the_node_agent_set_without_clearing_it
         class Transport:
             host = "pod-a"
 
-            def run(self, command, timeout=None):
+            def run(self, command, timeout=None, privileged=False):
                 commands.append(command)
                 return CommandResult("pod-a", command, 0, "", "")
 
@@ -602,7 +602,7 @@ def test_xid_sweep_deletes_a_left_node_shell_though_the_rays_pod_went_with_the_n
         class Gone:
             host = "pod-a"
 
-            def run(self, command, timeout=None):
+            def run(self, command, timeout=None, privileged=False):
                 raise TransportError('pod-a: pods "pod-a" not found')
 
         Backend = xid_sweep_backend(server, Gone())
