@@ -15,7 +15,19 @@ report of the next attempt, which a profile's `faults:` entries override (on the
 cluster, without a profile, a suite's SLOs are `--chaos-slo-detect`/`--chaos-slo-recover`). *Needs*:
 the backend capability the kind needs; a session whose backend lacks it skips the kind's tests,
 saying why. *In campaigns*: how a seeded campaign (`-m soak`) draws the kind, or why it never
-does. How to call each kind and its arguments: [python-api.md](python-api.md#fault-kinds).
+does. *Root on the host*: what the kind does on its target host over SSH that needs root
+([below](#privileges)); a session refuses the kind on a host that cannot give it, before
+injecting anything. How to call each kind and its arguments: [python-api.md](python-api.md#fault-kinds).
+"""
+
+PRIVILEGES_INTRO = """## Privileges
+
+What a kind runs as root on a host reached over SSH: as the login user when that is root, else
+through `sudo -n` when the host's `ssh.become` is `sudo` ([profiles.md](../profiles.md#privileges-sudo)). `ray-chaos doctor`
+checks each host for the kinds a profile enables, and a session asks each host once before its
+first injection there: a kind whose privileges a host cannot get is refused, naming the kind,
+the host, the privilege and the fix.
+
 """
 
 
@@ -34,10 +46,11 @@ def _drawn(k: catalog.FaultKind) -> str:
 
 def _kinds() -> str:
     rows = [(code(k.name), _charged(k), f"{k.slo_detect_s:g} / {k.slo_recover_s:g}",
-             code(k.needs) if k.needs else "hosts only", _drawn(k),
+             code(k.needs) if k.needs else "hosts only", ", ".join(map(code, k.privileges)) or "none", _drawn(k),
              code(f"{fault_class(k.name).__module__}.{fault_class(k.name).__name__}"))
             for k in catalog.KINDS.values()]
-    return table(["kind", "charged to", "SLOs detect / recover (s)", "needs", "in campaigns", "injected by"], rows)
+    return table(["kind", "charged to", "SLOs detect / recover (s)", "needs", "root on the host", "in campaigns",
+                  "injected by"], rows)
 
 
 def _races() -> str:
@@ -53,6 +66,8 @@ def render() -> str:
             + "## Budget classes\n\nRay Train V2's three retry budgets, and the `FailureConfig` field that limits "
               "each.\n\n"
             + table(["class", "limit"], [(code(c), code(f)) for c, f in catalog.BUDGET_LIMIT_FIELDS.items()])
+            + PRIVILEGES_INTRO
+            + table(["privilege", "what it lets the kind do"], [(code(p), w) for p, w in catalog.PRIVILEGES.items()])
             + "## Capabilities\n\n"
             + table(["capability", "what the backend gives"], [(code(c), w) for c, w in catalog.CAPABILITIES.items()])
             + "## Why a kind is never drawn into a campaign\n\n"
