@@ -32,9 +32,17 @@ def enabled_kinds(backend: "Backend") -> tuple[list[str], dict[str, str]]:
     """(the fault kinds a session on ``backend`` can inject, {kind left out: why}): every kind
     of the catalog but those needing a capability the backend lacks — what ``chaos.fault``
     skips (a protected profile refuses them all, checked on its own line)."""
+    from chaos.errors import ChaosError
+
+    def lacks(capability: str) -> bool:
+        try:
+            return getattr(backend, capability) is None
+        except ChaosError:  # declared, and not reachable now (a kubeconfig): the platform's checks say why
+            return False
+
     enabled, left_out = [], {}
     for name, entry in catalog.KINDS.items():
-        if entry.needs is not None and getattr(backend, entry.needs) is None:
+        if entry.needs is not None and lacks(entry.needs):
             left_out[name] = f"needs {entry.needs}"
         else:
             enabled.append(name)

@@ -80,6 +80,17 @@ def test_enabled_kinds_leave_out_what_the_backend_cannot_do():
     assert "pod-delete" in doctor.enabled_kinds(with_kube)[0]
 
 
+def test_a_capability_that_cannot_be_reached_now_still_enables_its_kinds():
+    from chaos.errors import ClusterError
+
+    class Unreachable(Capable):
+        @property
+        def kube(self):
+            raise ClusterError("no kubeconfig at ~/.kube/config")
+
+    assert "pod-delete" in doctor.enabled_kinds(Unreachable())[0]
+
+
 # -- the cluster side ----------------------------------------------------------------------
 @pytest.fixture
 def same_ray(monkeypatch):
