@@ -77,7 +77,8 @@ def checks(profile: "Profile", store: "JobsStore | None" = None, timeout: float 
                          "the head's dashboard must serve the Jobs API (Ray installed with ray[default] there)"))
         return Seen(out, False)
     out.append(_lock(holder, profile))
-    out.append(_ledger(entries, profile))
+    live = holder.owner if holder is not None and not holder.record.ended and holder.alive()[0] else None
+    out.append(_ledger(entries, profile, live))
     return Seen(out, True)
 
 
@@ -96,10 +97,17 @@ def _lock(holder, profile: "Profile") -> Check:
                  f"ray-chaos sweep --profile {_profile_arg(profile)} reverts its open faults and releases the lock")
 
 
-def _ledger(entries: dict[str, dict], profile: "Profile") -> Check:
+def _ledger(entries: dict[str, dict], profile: "Profile", live: str | None = None) -> Check:
+    """``live``: the session holding the lock, alive: its own entries are its faults now, which
+    it reverts itself."""
     what = "open ledger entries on the cluster"
     if not entries:
         return Check("lock", what, True, "none")
+    if live is not None and all(e.get("session") == live for e in entries.values()):
+        return Check("lock", what, False, f"{len(entries)} fault(s) live now, of session {live} that holds the lock: "
+                     + "; ".join(f"{e.get('fault')} on {(e.get('target') or {}).get('node_ip')}"
+                                 for e in entries.values()),
+                     "wait until that session ends: it reverts its own faults")
     listed = "; ".join(f"{e.get('fault')} ({entry_id}) on {(e.get('target') or {}).get('node_ip')} by session "
                        f"{e.get('session')}" for entry_id, e in entries.items())
     return Check("lock", what, False, f"{len(entries)} fault(s) not reverted: {listed}",

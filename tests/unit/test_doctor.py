@@ -177,6 +177,18 @@ def test_open_ledger_entries_on_the_cluster_fail_with_the_sweep(same_ray):
     assert check.fix.startswith("ray-chaos sweep --profile staging.yaml reverts them")
 
 
+def test_the_live_lock_holder_s_own_entries_are_its_faults_now_not_a_sweep_s(same_ray):
+    import json
+
+    jobs = FakeJobs()
+    _locked(jobs, "s1", at=jobs.clock() - 10)
+    entry = {"id": "e2", "fault": "cuda", "target": {"node_ip": "10.0.0.3"}, "session": "s1"}
+    jobs.submit_job("true", "ray-chaos-ledger-e2", {"ray-chaos": "ledger-entry", "entry": json.dumps(entry)})
+    check = cluster.checks(profile(), store=FakeStore(jobs)).checks[-1]
+    assert not check.ok and check.detail == "1 fault(s) live now, of session s1 that holds the lock: cuda on 10.0.0.3"
+    assert check.fix == "wait until that session ends: it reverts its own faults"
+
+
 def test_a_protected_profile_fails(same_ray):
     seen = cluster.checks(profile(protected=True), store=FakeStore(FakeJobs()))
     assert not seen.checks[0].ok and "is protected: the harness refuses to inject faults" in seen.checks[0].detail
