@@ -95,20 +95,12 @@ def _nodes_and_hosts(backend: "Backend", kinds: list[str], say: Callable[[str], 
 def _platform_checks(profile: "Profile", kinds: set[str]) -> list[Check]:
     """The platform's own checks where the profile names one: chaos.doctor.kube (RBAC per verb
     the enabled kinds use, the node-shell pod's admission) and chaos.doctor.hyperpod (its
-    credentials and cluster), each ``checks(profile, kinds)``."""
-    import importlib
+    credentials and cluster)."""
+    from chaos.doctor import hyperpod, kube
 
-    out: list[Check] = []
-    for name, used in (("kube", True), ("hyperpod", profile.kubernetes.hyperpod is not None)):
-        if not used:
-            continue
-        try:
-            module = importlib.import_module(f"chaos.doctor.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"chaos.doctor.{name}":
-                raise
-            continue  # the platform's checks are not part of this tree yet
-        out += module.checks(profile, kinds)
+    out = kube.checks(profile, kinds)
+    if profile.kubernetes is not None and profile.kubernetes.hyperpod is not None:
+        out += hyperpod.checks(profile, kinds)
     return out
 
 
