@@ -476,7 +476,8 @@ def test_the_chaos_fixture_builds_them_and_skips_where_there_is_no_kubernetes(se
 
     from chaos.pytest_plugin import Chaos
 
-    request = SimpleNamespace(config=SimpleNamespace(getoption={"chaos_raylet_kill": "grpc"}.__getitem__))
+    request = SimpleNamespace(config=SimpleNamespace(getoption={"chaos_raylet_kill": "grpc"}.__getitem__,
+                                                  stash=pytest.Stash()))
     backend = FakeBackend(access(server), {})
     backend.profile = None
     kube = Chaos(SimpleNamespace(backend=backend), request=request)

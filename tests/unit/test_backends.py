@@ -403,7 +403,7 @@ def chaos_with(profile_=None, detect=None, recover=None, state_rtol=None) -> Cha
     options = {"chaos_slo_detect": detect, "chaos_slo_recover": recover, "chaos_state_rtol": state_rtol,
                "chaos_baseline": False}
     env = types.SimpleNamespace(backend=types.SimpleNamespace(profile=profile_))
-    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
+    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__, stash=pytest.Stash()))
     return Chaos(env, request)
 
 
@@ -500,7 +500,7 @@ def test_chaos_deterministic_declares_a_profiles_own_script_deterministic_too():
     p = profile(workload={"entrypoint": "python train.py"})
     for option, declared in ((True, True), (False, False)):
         options = {"chaos_deterministic": option, "chaos_workload": None}
-        request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__),
+        request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__, stash=pytest.Stash()),
                                         node=types.SimpleNamespace(name="test_x"))
         spec = Chaos(types.SimpleNamespace(backend=types.SimpleNamespace(profile=p)), request)._workload("/storage")
         assert spec.deterministic is declared, (option, spec)
@@ -525,7 +525,7 @@ def test_the_fixtures_one_factory_takes_each_kinds_defaults_from_the_session():
     from chaos.faults.xid import Xid
 
     options = {"chaos_raylet_kill": "sigkill"}
-    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__))
+    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=options.__getitem__, stash=pytest.Stash()))
     plain = Chaos(types.SimpleNamespace(backend=types.SimpleNamespace(profile=None, kube=None)), request)
     assert plain.raylet_kill(rank=0).method == "sigkill" and plain.raylet_kill(method="grpc").method == "grpc"
     xid = plain.xid(xid=48)

@@ -6,13 +6,14 @@ import pytest
 from chaos.pytest_plugin import asks_for
 
 
-@pytest.mark.parametrize("expr", ["chaos", "chaos and not extended", "chaos or integration", "(chaos)"])
+@pytest.mark.parametrize("expr", ["chaos", "chaos and not extended", "chaos or integration", "(chaos)",
+                                  "chaos or soak or not (chaos or soak)"])
 def test_an_expression_that_asks_for_chaos_selects_it(expr):
     assert asks_for(expr, "chaos")
 
 
 @pytest.mark.parametrize("expr", ["not nochaos", "not chaos", "nochaos", "integration", "", None,
-                                  "chaos_like", "not integration"])
+                                  "chaos_like", "not integration", "not extended or integration"])
 def test_an_expression_that_does_not_ask_for_chaos_leaves_it_out(expr):
     assert not asks_for(expr, "chaos")
 
@@ -25,6 +26,10 @@ def test_pytest_expression_module_is_what_asks_for_relies_on():
     """Fails loudly when pytest changes its private marker-expression module (asks_for uses it)."""
     from _pytest.mark.expression import Expression
 
+    from chaos.pytest_plugin import _MARK_NAME
+
+    assert _MARK_NAME.findall("(chaos and not my.mark-x) or gpu[1]") == ["chaos", "and", "not", "my.mark-x", "or",
+                                                                        "gpu[1]"]
     compiled = Expression.compile("chaos and not extended")
     assert compiled.evaluate(lambda name, /, **kwargs: name == "chaos") is True
     assert compiled.evaluate(lambda name, /, **kwargs: name in ("chaos", "extended")) is False
