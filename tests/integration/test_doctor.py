@@ -79,11 +79,12 @@ def test_doctor_names_a_host_it_cannot_log_in_to_and_exits_1(foreign_standin, tm
     from chaos.embedded.foreign import wait_healthy
 
     wait_healthy(foreign_standin, timeout=180)
-    closed, stranger = foreign_standin.workers[0].address, foreign_standin.workers[1].address
+    closed, stranger, shell_less = (w.address for w in foreign_standin.workers[:3])
     profile = foreign_standin.profile()
     profile["hosts"]["overrides"] = [
         {"match": {"address": closed}, "ssh": {"port": 2, "connect_timeout_s": 3}},  # nothing listens there
-        {"match": {"address": stranger}, "ssh": {"user": "nobody"}},  # the key is root's
+        {"match": {"address": stranger}, "ssh": {"user": "ray-chaos-no-such-user"}},
+        {"match": {"address": shell_less}, "ssh": {"user": "nobody"}},  # logs in; its shell runs nothing
     ]
     jobs = _jobs(foreign_standin.dashboard_url)
     code, out = _doctor(foreign_standin, profile, tmp_path)
@@ -91,11 +92,12 @@ def test_doctor_names_a_host_it_cannot_log_in_to_and_exits_1(foreign_standin, tm
     assert re.search(rf"^✗ host {re.escape(closed)} +login: root@{re.escape(closed)}:2: cannot connect within 3.0s",
                      out, re.M), out
     assert f"fix: make {closed}'s SSH port reachable from this machine" in out, out
-    assert re.search(rf"^✗ host {re.escape(stranger)} +login: nobody@{re.escape(stranger)}:22: authentication failed",
-                     out, re.M), out
+    assert re.search(rf"^✗ host {re.escape(stranger)} +login: ray-chaos-no-such-user@{re.escape(stranger)}:22: "
+                     "authentication failed", out, re.M), out
     assert "fix: check hosts.*.ssh.user and key_file" in out
-    assert "stops: raylet-kill, worker-kill, node-reboot, partition, cuda, preempt, xid" in out
-    assert re.search(r"^doctor: 2 of \d+ checks failed; cannot run: cuda, node-reboot, partition, preempt, "
+    assert re.search(rf"^✗ host {re.escape(shell_less)} +login: the probe gave no answer", out, re.M), out
+    assert out.count("stops: raylet-kill, worker-kill, node-reboot, partition, cuda, preempt, xid") == 3, out
+    assert re.search(r"^doctor: 3 of \d+ checks failed; cannot run: cuda, node-reboot, partition, preempt, "
                      r"raylet-kill, worker-kill, xid$", out, re.M), out
     assert "Traceback" not in out
     assert _jobs(foreign_standin.dashboard_url) == jobs
