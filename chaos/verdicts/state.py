@@ -27,7 +27,14 @@ from chaos.verdicts.diagnosis import Diagnosis
 from chaos.verdicts.expect import Expect
 from chaos.verdicts.reports import Row, RunReports
 from chaos.verdicts.resume_rank import DETERMINISM_HINT
-from chaos.verdicts.states import AFTER_THE_FIRST_STEP, DIGEST_PARTS, PART_CAUSES, STATE_DIGEST_METRICS
+from chaos.verdicts.states import (
+    AFTER_THE_FIRST_STEP,
+    DIGEST_PARTS,
+    PART_CAUSES,
+    STATE_DIGEST_METRICS,
+    UPDATED_DIGESTS,
+    sums_reorder,
+)
 from chaos.verdicts.status import Status
 from chaos.verdicts.tolerance import STATE_ATOL, same_step, step_in, step_key
 from chaos.verdicts.verdict import Verdict
@@ -132,7 +139,12 @@ def _against(run: RunReports, now: Row, was: Row, rank: int, step: Any, first: b
         return _across_sizes(now, was, rank, step, resized) if first else None
     value, earlier = now.value(rank), was.value(rank)
     mine, theirs = _digests(now, rank), _digests(was, rank)
-    digests = sorted(set(mine) & set(theirs))
+    # beyond two ranks exact only: the state the restart restored (the first step's began
+    # digests) and the parts no update sums (states.UPDATED_DIGESTS); the rest by the tolerance
+    exact = set(DIGESTS)
+    if sums_reorder(run.world_size(now.attempt)):
+        exact -= set(STATE_DIGEST_METRICS) if first else set(UPDATED_DIGESTS)
+    digests = sorted(set(mine) & set(theirs) & exact)
     differ = [m for m in digests if mine[m] != theirs[m]]
     if value is None or earlier is None:
         value = earlier = None

@@ -26,6 +26,21 @@ PART_CAUSES = {
     "weights": "the model's weights were not restored",
 }
 TRAJECTORY_METRICS = (*STATE_DIGEST_METRICS, *(f"digest_{p}" for p in DIGEST_PARTS))
+# Digests of the float state a step's update changes.  After a restart they are exact only for
+# the state the restart restored (the first step's began digests): its first update sums the
+# ranks' gradients in another order than an uninterrupted run's (DDP buckets a new group's first
+# allreduce by parameter order, later ones by the order gradients became ready), and beyond two
+# ranks a sum's order shows in the last bits (sums_reorder).  Measured on a 3-rank run: the first re-done step
+# reproduced its loss and every began digest bit for bit, its state after the update did not.
+# The data position, RNG and scheduler hold no such sums and compare exactly at every step.
+UPDATED_DIGESTS = ("state_digest", "digest_weights", "digest_optimizer")
+
+
+def sums_reorder(world_size: int | None) -> bool:
+    """Whether a restart can change the bits of an update (UPDATED_DIGESTS): a sum of two
+    gradients is the same in either order, of three or more it is not.  An unknown size
+    keeps the digests exact."""
+    return world_size is not None and world_size > 2
 # What a loss alone cannot tell apart: the state parts a step's loss depends on after the first
 # update from a restored state (the first re-done step's loss is computed before any update).
 AFTER_THE_FIRST_STEP = "the optimizer's or LR scheduler's state, the data position or the RNG"

@@ -25,13 +25,16 @@ from chaos.verdicts.states import (
     PART_CAUSES,
     STATE_DIGEST_METRICS,
     TRAJECTORY_METRICS,
+    UPDATED_DIGESTS,
     Baseline,
     baseline_path,
     baseline_unusable,
     comparable,
+    faulted_run_events,
     faulted_run_reports,
     fmt,
     rank_states,
+    sums_reorder,
 )
 from chaos.verdicts.status import Status
 from chaos.verdicts.tolerance import STATE_ATOL, same_state, step_key
@@ -79,14 +82,19 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
                                                     and r.attempt > first_attempt}, True)
     path = baseline_path(timeline)
     out.off_path = {a: why for a, (_, why) in path.items() if why}
+    pristine = _restored_from_the_first_attempt(timeline, first_attempt)
+    sizes = {e.attempt: len(e.data.get("placement") or []) or None for e in faulted_run_events(timeline)
+             if e.kind == "attempt_started"}
     seen: set[tuple[int | None, int]] = set()
     for r in reports:
         for rank, (step, state) in rank_states(r, metric, TRAJECTORY_METRICS).items():
             out.stateless = out.stateless and not state
             want = base.get(rank, {}).get(step_key(step)) or {}
             allowed = _comparable(path.get(r.attempt) if r.attempt is not None else None, (r.attempt, rank) in seen)
+            inexact = (_inexact(r.attempt, first_attempt, (r.attempt, rank) not in seen and r.attempt in pristine)
+                       if sums_reorder(sizes.get(r.attempt)) else set())
             common = sorted(m for m in set(state) & set(want) if (allowed is None or m in allowed)
-                            and comparable(want[m]))
+                            and m not in inexact and comparable(want[m]))
             seen.add((r.attempt, rank))
             if not common:
                 continue
@@ -100,6 +108,28 @@ def _follow(timeline: Timeline, baseline: Baseline, rtol: float) -> _Followed:
             if bad and row["after_fault"] and out.first_off is None:
                 out.first_off = row
     return out
+
+
+def _restored_from_the_first_attempt(timeline: Timeline, first_attempt: int) -> set[int]:
+    """The attempts that began from scratch or from a checkpoint the first attempt committed:
+    their first report's began state is the uninterrupted run's, bit for bit."""
+    out: set[int] = set()
+    last: int | None = None
+    for e in faulted_run_events(timeline):
+        if e.kind == "report" and e.data.get("checkpoint"):
+            last = e.attempt
+        elif e.kind == "attempt_started" and e.attempt is not None and last in (None, first_attempt):
+            out.add(e.attempt)
+    return out
+
+
+def _inexact(attempt: int | None, first_attempt: int, restored_first: bool) -> set[str]:
+    """The digests a report cannot match the baseline's bit for bit (states.UPDATED_DIGESTS):
+    in a restarted attempt every float digest but those of a state restored from the first
+    attempt's, and the state after a restarted attempt's update always."""
+    if attempt is None or attempt == first_attempt:
+        return set()
+    return set(STATE_DIGEST_METRICS) if restored_first else set(UPDATED_DIGESTS)
 
 
 def _comparable(path: tuple[str, str] | None, seen_before: bool) -> set[str] | None:
