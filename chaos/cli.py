@@ -91,7 +91,7 @@ def _doctor(args) -> int:
 
     t0 = time.monotonic()
     checks = doctor.run(load_profile(args.profile), say=lambda line: print(line, file=sys.stderr, flush=True))
-    print(doctor.table(checks))
+    print(doctor.table(checks), flush=True)  # before the timing line on stderr, where both go to one pipe
     print(f"doctor: {time.monotonic() - t0:.1f} s, nothing changed", file=sys.stderr)
     return doctor.exit_code(checks)
 
