@@ -4,8 +4,8 @@ of the team's:
 
 * examples/github-actions/nightly-chaos.yml: its job's steps in order as GitHub runs them
   (tests/actions_job.py: ``bash -e``, ``if: always()``, the job's conclusion), the secrets the
-  stand-in's SSH key and known_hosts, ``staging.yaml`` the stand-in's profile with the key
-  paths of examples/profiles/vm-ssh.yaml (the profile a team starts from);
+  stand-in's SSH key and known_hosts, ``staging.yaml`` the stand-in's profile with the login
+  (ubuntu, sudo) and key paths of examples/profiles/vm-ssh.yaml (the profile a team starts from);
 * examples/kubernetes/chaos-cronjob.yaml: its container's command, args and env as its pod
   would run them (tests/pod_script.py), its volumes directories of the test's, its profile the
   stand-in's (an SSH profile where the ConfigMap's reaches KubeRay: the Kubernetes API is what
@@ -68,7 +68,8 @@ def test_the_nightly_workflow_runs_as_copied(foreign_standin, tmp_path):
     home, work, scripts = tmp_path / "home", tmp_path / "team-repo", tmp_path / "steps"
     for d in (home, work, scripts):
         d.mkdir()
-    profile = foreign_standin.profile()
+    # as the example a team starts from logs in: its user, root's rights through sudo, its key paths
+    profile = foreign_standin.profile(user=EXAMPLE_SSH["user"], become=EXAMPLE_SSH["become"])
     profile["hosts"]["defaults"]["ssh"].update(key_file=EXAMPLE_SSH["key_file"], known_hosts=EXAMPLE_SSH["known_hosts"])
     dump_profile(profile, work / "staging.yaml")
     values = {"secrets.CHAOS_SSH_KEY": net.ssh_key_path.read_text(),
