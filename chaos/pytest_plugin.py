@@ -17,7 +17,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pytest
 
@@ -221,7 +221,7 @@ def _check_campaign_options(config) -> None:
 def pytest_collection_modifyitems(config, items):
     # chaos and soak tests start clusters: each runs only when -m names its marker
     for marker in ("chaos", "soak"):
-        if asks_for(config.option.markexpr, marker):
+        if asks_for(config.option.markexpr, marker, [{m.name for m in i.iter_markers()} for i in items]):
             continue
         skipped = [i for i in items if i.get_closest_marker(marker)]
         if skipped:
@@ -234,11 +234,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_cluster_order)
 
 
-def asks_for(markexpr: str | None, marker: str) -> bool:
+def asks_for(markexpr: str | None, marker: str, tests: Iterable[set[str]] = ()) -> bool:
     """Whether ``-m markexpr``, read as pytest reads it, asks for the tests marked ``marker``:
-    it names the marker and selects a test carrying it (``-m chaos``, ``-m "chaos and not
-    extended"``, ``-m "chaos or not chaos"`` do; ``-m "not nochaos"``, ``-m "not chaos"``, ``-m
-    "not extended"`` do not: chaos tests start clusters, so they run only when asked for by name).
+    it names the marker and selects one of ``tests`` (each given by its marks) that carries it
+    (``-m chaos``, ``-m "chaos and extended"``, ``-m "chaos or not chaos"`` do; ``-m "not
+    nochaos"``, ``-m "not chaos"``, ``-m "not extended"`` do not: chaos tests start clusters, so
+    they run only when asked for by name).  No ``tests``: a test carrying ``marker`` alone.
     The one use of pytest's private expression module (tests/unit/test_marker_expression.py fails
     loudly if it changes)."""
     from _pytest.mark.expression import Expression
@@ -246,8 +247,11 @@ def asks_for(markexpr: str | None, marker: str) -> bool:
     if not markexpr:
         return False
     expression = Expression.compile(markexpr)  # pytest's own syntax and errors
-    named = marker in _MARK_NAME.findall(markexpr)
-    return named and expression.evaluate(lambda name, /, **kwargs: name == marker and not kwargs)
+    if marker not in _MARK_NAME.findall(markexpr):
+        return False
+    carrying = [marks for marks in tests if marker in marks] or [{marker}]
+    return any(expression.evaluate(lambda name, /, marks=marks, **kwargs: not kwargs and name in marks)
+               for marks in carrying)
 
 
 #: a marker name as pytest's expression scanner reads one (its IDENT token)

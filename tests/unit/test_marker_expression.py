@@ -38,3 +38,28 @@ def test_pytest_expression_module_is_what_asks_for_relies_on():
 def test_a_malformed_expression_is_pytest_s_own_error():
     with pytest.raises(Exception, match="expected"):
         asks_for("chaos and", "chaos")
+
+
+def test_an_expression_that_needs_another_mark_too_asks_for_the_tests_carrying_both():
+    """-m "chaos and extended" (make integration-suites) selected nothing: the expression was
+    evaluated for a test carrying chaos alone, so no extended suite ever ran."""
+    suites = [{"chaos"}, {"chaos", "extended"}, {"chaos", "soak"}]
+    assert asks_for("chaos and extended", "chaos", suites)
+    assert not asks_for("chaos and extended", "chaos", [{"chaos"}])  # the twin: none carries both
+    assert asks_for("chaos and not extended", "chaos", suites)
+    assert not asks_for("not chaos", "chaos", suites) and not asks_for("not nochaos", "chaos", suites)
+
+
+def test_make_integration_suites_marker_collects_the_extended_suites():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = {}
+    for expr in ("chaos and extended", "chaos and not extended"):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", expr, "suites", "--collect-only", "-q",
+                               "-p", "no:cacheprovider"], cwd=root, capture_output=True, text=True, timeout=120)
+        out[expr] = [line for line in done.stdout.splitlines() if "::" in line]
+    assert out["chaos and extended"] and out["chaos and not extended"], out
+    assert not set(out["chaos and extended"]) & set(out["chaos and not extended"])
