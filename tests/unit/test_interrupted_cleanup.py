@@ -14,25 +14,7 @@ from chaos.ledger import Ledger
 from chaos.report import Reporter
 from chaos.safety import LiveFaults
 from chaos.verdicts import Expect
-
-
-class FakeView:
-    dashboard_url = "http://198.18.9.1:1"
-
-    def table(self):
-        return []
-
-    def watch(self, timeline, on_joined):
-        pass
-
-    def stop_watching(self):
-        pass
-
-    def unreachable(self, timeout=5.0):
-        return None
-
-    def held_by_job(self, job):
-        return ["actor TrainController (1 CPU)"]
+from quiet_view import QuietView
 
 
 class FakeBackend:
@@ -43,7 +25,7 @@ class FakeBackend:
     external_drains = False
 
     def __init__(self):
-        self.cluster = FakeView()
+        self.cluster = QuietView(["actor TrainController (1 CPU)"])
         self.head_away = threading.Event()
         self.live_faults = LiveFaults(3)
         self.waited: list[float] = []
