@@ -32,9 +32,11 @@ node_modules/.installed: package.json package-lock.json
 #                     hosts, report.  What to run on every change.
 #   make chaos        the chaos suites on the embedded clusters: every catalog fault kind and
 #                     budget class once (suites marked `extended` are left to make
-#                     integration), then the README's own-script command as a user runs it,
-#                     then the installed wheel from outside a cluster (make wheel-test), then a
-#                     short seeded campaign (make soak DURATION=$(CHAOS_SOAK)).
+#                     integration) and a short seeded campaign (the soak suite, --chaos-duration
+#                     $(CHAOS_SOAK)) in one session, then the README's own-script command as a
+#                     user runs it.
+#   make wheel-test   the installed wheel from outside a cluster it did not start (CI runs it
+#                     after make chaos: packaging, not the embedded cluster).
 #   make integration  the rest on real clusters (not in CI): extended suites, user and
 #                     framework scripts in their own sessions, profile stand-ins, SIGTERM/
 #                     SIGKILL + sweep sessions; re-records tests/contract/fixtures.
@@ -44,17 +46,18 @@ node_modules/.installed: package.json package-lock.json
 # first); their cluster starts take turns (one_start_at_a_time: on 2 cores two starts at once
 # can miss Ray's fixed wait for the dashboard agent).  "No tests selected" (exit 5, e.g. with
 # ARGS="-k ...") is not a failure.
-JOBS ?= 1
-# The campaign make chaos ends with: 180 s is the shortest run two faults fit into.
+# Two workers: a suite's run keeps about 1.2 of 2 cores busy (bench/bench_run_cost.py), the
+# rest is waiting on Ray's health checks and restarts; cluster starts take turns.
+JOBS ?= 2
+# make chaos's campaign: 180 s is the shortest run two faults fit into.
 CHAOS_SOAK ?= 180
 XDIST = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile)
 XDIST_SUITES = $(if $(filter-out 1,$(1)),-n $(1) --dist loadfile --no-loadscope-reorder)
 chaos: setup
-	$(PYTEST) -m "chaos and not extended" suites $(call XDIST_SUITES,$(JOBS)) --alluredir $(ALLURE) \
-	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -m "(chaos and not extended) or soak" suites --chaos-duration $(CHAOS_SOAK) \
+	  $(call XDIST_SUITES,$(JOBS)) --alluredir $(ALLURE) -p no:cacheprovider -rA --durations=0 $(ARGS) \
+	  || [ $$? -eq 5 ]
 	$(MAKE) --no-print-directory own-script
-	$(MAKE) --no-print-directory wheel-test
-	$(MAKE) --no-print-directory soak DURATION=$(CHAOS_SOAK) ARGS=
 
 # The README's "Your own training script" command, literally (a test checks they agree).
 own-script: setup

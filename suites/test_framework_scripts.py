@@ -53,6 +53,7 @@ def test_hf_trainer_resumes_from_its_checkpoint(chaos, script):
     assert_resumed_one_save_interval_on(outcome)
 
 
+@pytest.mark.extended  # the Hugging Face twin runs per commit
 def test_lightning_resumes_from_its_checkpoint(chaos, script):
     outcome = chaos.run(script("train_lightning.py"), faults=[(AfterCheckpoint(2), chaos.raylet_kill(rank=1))])
     assert_resumed_one_save_interval_on(outcome)

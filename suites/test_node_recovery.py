@@ -82,6 +82,7 @@ def test_xid_48_double_bit_ecc_reboots_the_node(chaos, cuda_driver_dir):
     run_chain(chaos, cuda_driver_dir, 48, "reboot")
 
 
+@pytest.mark.extended  # node-replace runs per commit in suites/test_kubernetes_faults.py
 def test_xid_79_gpu_off_the_bus_replaces_the_node(chaos, cuda_driver_dir):
     """Xid 79: NvidiaErrorReplace and UnschedulablePendingReplacement; a new node takes the
     old one's place (the profile opted in to replacements) and Train resumes there."""
