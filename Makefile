@@ -74,7 +74,7 @@ wheel-test: setup
 #   make soak DURATION=600 ARGS="--chaos-seed 7"
 #   make soak ARGS="--chaos-schedule reports/runs/test_campaign/schedule.json"   (replay)
 DURATION ?= 240
-.PHONY: soak own-script wheel-test integration integration-sessions integration-suites
+.PHONY: soak own-script wheel-test integration integration-scripts integration-sessions integration-suites
 soak: setup
 	$(PYTEST) -m soak suites --chaos-duration $(DURATION) --alluredir $(ALLURE) -p no:cacheprovider -rA $(ARGS)
 
@@ -89,19 +89,27 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Two named parts, each its own pytest command over INTEGRATION_JOBS xdist workers (2: the
-# sessions are mostly waiting on Ray; their cluster starts take turns):
-#   make integration-sessions  user and framework scripts, the resume shapes, profile stand-ins,
-#                              SIGTERM/SIGKILL + sweep, the embedded cluster's command line —
-#                              chaos sessions of their own; re-records tests/contract/fixtures
+# Three named parts, each its own pytest command over INTEGRATION_JOBS xdist workers (2: the
+# sessions are mostly waiting on Ray; their cluster starts take turns), each under 40 min on
+# 2 cores (the tier holds about 90 min of real runs there; docs/development.md):
+#   make integration-scripts   user and framework scripts, each with its bugs, and the elastic
+#                              session — chaos sessions of their own on a shared stand-in
+#   make integration-sessions  the resume shapes, profile stand-ins, SIGTERM/SIGKILL + sweep, the
+#                              adoption paths (doctor, sudo, recipes, the documented commands),
+#                              the embedded cluster's command line
 #   make integration-suites    the extended suites, the foreign-cluster stand-in's families among them
-# make -k integration runs both even when one fails.
+# The first two re-record tests/contract/fixtures.  make -k integration runs all three whatever fails.
 INTEGRATION_JOBS ?= 2
-integration: integration-sessions integration-suites
+INTEGRATION_SCRIPTS = tests/integration/test_user_workloads.py tests/integration/test_framework_workloads.py \
+  tests/integration/test_elastic_session.py
+INTEGRATION_ARGS = -m integration $(if $(filter-out 1,$(INTEGRATION_JOBS)),-n $(INTEGRATION_JOBS) --dist worksteal) \
+  -p no:cacheprovider -rfEs --durations=0 $(ARGS)
+integration: integration-scripts integration-sessions integration-suites
+integration-scripts: setup
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) $(INTEGRATION_SCRIPTS) $(INTEGRATION_ARGS)
 integration-sessions: setup
-	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests -m integration --ignore=tests/wheel \
-	  $(if $(filter-out 1,$(INTEGRATION_JOBS)),-n $(INTEGRATION_JOBS) --dist worksteal) -p no:cacheprovider \
-	  -rfEs --durations=0 $(ARGS)
+	CHAOS_CONTRACT_DIR=tests/contract/fixtures $(PYTEST) tests --ignore=tests/wheel \
+	  $(addprefix --ignore=,$(INTEGRATION_SCRIPTS)) $(INTEGRATION_ARGS)
 integration-suites: setup
 	$(PYTEST) -m "chaos and extended" suites $(call XDIST_SUITES,$(INTEGRATION_JOBS)) --alluredir $(ALLURE) \
 	  -p no:cacheprovider -rA --durations=0 $(ARGS) || [ $$? -eq 5 ]
