@@ -24,8 +24,9 @@ the classic mistakes the harness must catch.
     --restore-step-only   (implies --learn) loads the step but not the weights and the
                           optimizer: the state was lost
     --optimizer-in-tmp    (implies --learn) keeps the optimizer's state out of the checkpoint, in a
-                          file on rank 0's node (/tmp/<run>-opt.pt), which every rank loads on a
-                          restore if it is there (else starts the optimizer afresh, saying so):
+                          file per checkpoint step on rank 0's node (/tmp/<run>-opt-<step>.pt), which
+                          every rank loads on a restore if it is there (else starts the optimizer
+                          afresh, saying so):
                           right where every node shares one filesystem; without one, a restart on
                           two nodes finds it on one at most, and that state is lost
     --initial-checkpoint  hands Train the initial weights as a checkpoint before the first
@@ -112,7 +113,7 @@ def loop(config):
             if learn and not config["restore_step_only"]:
                 model.load_state_dict(saved["model"])
                 if config["optimizer_in_tmp"]:
-                    restore_node_local_optimizer(opt, config["run_dir"], rank)
+                    restore_node_local_optimizer(opt, config["run_dir"], start, rank)
                 else:
                     opt.load_state_dict(saved["opt"])
     if config["initial_checkpoint"] and ckpt is None:
@@ -155,7 +156,7 @@ def loop(config):
         if config["report_at_checkpoints_only"] and not saves:
             continue
         if saves and config["optimizer_in_tmp"] and rank == 0:
-            torch.save(opt.state_dict(), node_local_optimizer(config["run_dir"]))
+            torch.save(opt.state_dict(), node_local_optimizer(config["run_dir"], step))
         kept = None if config["optimizer_in_tmp"] else opt  # what the checkpoint holds besides the weights
         if saves and config["checkpoint_before_metrics"]:
             report_with_checkpoint({}, step, model, kept, rank)
@@ -185,13 +186,16 @@ def report_with_checkpoint(metrics, step, model, opt, rank, slow_upload_s=0.0):
             ray.train.report(metrics)
 
 
-def node_local_optimizer(run_dir):
-    """The buggy shape's file: on the node's own disk, outside the checkpoint."""
-    return f"/tmp/{os.path.basename(run_dir)}-opt.pt"
+def node_local_optimizer(run_dir, step):
+    """The buggy shape's file: on the node's own disk, outside the checkpoint.  One per checkpoint
+    step, so that a restore reads the state of the step it restored (one file, overwritten at the
+    next save, would hold a later step's state when the fault lands after that save but before its
+    checkpoint commits: a second bug, which the shared-filesystem twin must not have)."""
+    return f"/tmp/{os.path.basename(run_dir)}-opt-{step}.pt"
 
 
-def restore_node_local_optimizer(opt, run_dir, rank):
-    path = node_local_optimizer(run_dir)
+def restore_node_local_optimizer(opt, run_dir, step, rank):
+    path = node_local_optimizer(run_dir, step)
     if os.path.exists(path):
         opt.load_state_dict(torch.load(path))
     else:
