@@ -92,16 +92,16 @@ lint: setup
 # Three named parts, each its own pytest command over INTEGRATION_JOBS xdist workers (2: the
 # sessions are mostly waiting on Ray; their cluster starts take turns), each under 40 min on
 # 2 cores (the tier holds about 90 min of real runs there; docs/development.md):
-#   make integration-scripts   user and framework scripts, each with its bugs, and the elastic
-#                              session — chaos sessions of their own on a shared stand-in
-#   make integration-sessions  the resume shapes, profile stand-ins, SIGTERM/SIGKILL + sweep, the
-#                              adoption paths (doctor, sudo, recipes, the documented commands),
-#                              the embedded cluster's command line
+#   make integration-scripts   user and framework scripts, each with its bugs, the elastic session
+#                              and the profile sessions (dry run, lock, SIGTERM/SIGKILL + sweep) —
+#                              chaos sessions of their own on a shared stand-in
+#   make integration-sessions  the resume shapes, the adoption paths (doctor, sudo, recipes, the
+#                              documented commands), the embedded cluster's command line
 #   make integration-suites    the extended suites, the foreign-cluster stand-in's families among them
 # The first two re-record tests/contract/fixtures.  make -k integration runs all three whatever fails.
 INTEGRATION_JOBS ?= 2
 INTEGRATION_SCRIPTS = tests/integration/test_user_workloads.py tests/integration/test_framework_workloads.py \
-  tests/integration/test_elastic_session.py
+  tests/integration/test_elastic_session.py tests/integration/test_profiles.py
 INTEGRATION_ARGS = -m integration $(if $(filter-out 1,$(INTEGRATION_JOBS)),-n $(INTEGRATION_JOBS) --dist worksteal) \
   -p no:cacheprovider -rfEs --durations=0 $(ARGS)
 integration: integration-scripts integration-sessions integration-suites
