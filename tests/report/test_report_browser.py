@@ -191,11 +191,22 @@ class DevTools:
             check();
         }})"""
         result = self.call("Runtime.evaluate", timeout=timeout + 5, expression=script, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result and self._network_changed():
+            # Chromium cancels every fetch in flight when this machine's interfaces change (the
+            # test-host tests beside this one add and remove veths and bridges); the page is
+            # loaded again once, and waited on with the same condition.
+            self.failed_loads.clear()
+            self.call("Page.reload", ignoreCache=True)
+            result = self.call("Runtime.evaluate", timeout=timeout + 5, expression=script, awaitPromise=True,
+                               returnByValue=True)
         if "exceptionDetails" in result:
             failed = "; ".join(self.failed_loads) or "none"
             pytest.fail(f"waiting for {what}: {result['exceptionDetails'].get('exception', {}).get('description')}\n"
                         f"requests that failed in the browser: {failed}")
         return result["result"].get("value")
+
+    def _network_changed(self) -> bool:
+        return any(load.endswith(": net::ERR_NETWORK_CHANGED") for load in self.failed_loads)
 
     def click_text(self, text: str, what: str) -> None:
         """Click the innermost element showing exactly ``text`` (as a person would click the label)."""
