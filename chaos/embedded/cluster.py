@@ -923,9 +923,9 @@ class EmbeddedCluster:
             for host in self.hosts:
                 if self._supervisor is None:  # start-up: a node that dies now is a start-up failure
                     host.machine.check(time.monotonic())
-                    if host.down_since is not None and self._start_again(host, aborts_seen):
-                        continue
                     if host.down_since is not None:
+                        if self._start_again(host, aborts_seen):
+                            continue
                         raise ClusterError(
                             f"{host.name} ({host.ip}) died during start-up; see {host.last_log} and the raylet logs "
                             f"under {self.temp_dir / host.name}:\n" + _tail_file(host.last_log)
